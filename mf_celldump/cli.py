@@ -1,0 +1,46 @@
+"""The ``mf-celldump`` command: one sub-command per subsystem.
+
+Each subsystem module exposes ``add_cli(subparsers)`` that registers its
+sub-command and sets ``func`` (returning an exit code) on the parsed namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mf_celldump import __version__
+    from mf_celldump.integrations import registration_cli
+    from mf_celldump.mapping import cli as mapping_cli
+    from mf_celldump.processing import cli as processing_cli
+
+    parser = argparse.ArgumentParser(
+        prog="mf-celldump",
+        description="Cell-level precision dump for MindSpore/MindFormers in msprobe's layout.",
+    )
+    parser.add_argument("--version", action="version", version=f"mf-celldump {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    processing_cli.add_cli(sub)
+    mapping_cli.add_cli(sub)
+    registration_cli.add_cli(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

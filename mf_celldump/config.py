@@ -1,0 +1,262 @@
+"""The dump configuration: one dataclass, built from keywords, a dict or a YAML file.
+
+Every way in (a MindFormers ``callbacks:`` entry, ``attach(net, {...})``, a standalone
+YAML file) goes through :meth:`DumpConfig.from_dict`, so validation and its error
+messages are the same everywhere. Errors name the key, the bad value and what would
+be valid; an unknown key is an error with the closest valid key suggested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, FrozenSet, List, Mapping, Optional, Tuple, Union
+
+import yaml
+
+TASKS = ("tensor", "statistics")
+DATA_MODES = ("forward", "backward", "all")
+STATISTICS = ("max", "min", "mean", "norm", "md5", "nan_count", "inf_count")
+DEFAULT_STATISTICS = ("max", "min", "mean", "norm")
+BACKENDS = ("auto", "tensordump", "host", "device_stats", "kbk_statistics")
+DEFAULT_DUMP_DIR_NAME = "celldump"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which and what is valid."""
+
+
+@dataclass(frozen=True)
+class IndexSelection:
+    """A set of non-negative integers (steps or ranks); ``None`` values means all."""
+
+    values: Optional[FrozenSet[int]] = None
+
+    @property
+    def selects_all(self) -> bool:
+        return self.values is None
+
+    def __contains__(self, item: int) -> bool:
+        return self.values is None or item in self.values
+
+    def describe(self) -> str:
+        if self.values is None:
+            return "all"
+        return ",".join(str(v) for v in sorted(self.values))
+
+    @classmethod
+    def parse(cls, value: Any, key: str) -> "IndexSelection":
+        """Accept ``all``/None, an int, ``"0,5-7"``, or a list of ints and such strings."""
+        if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+            return cls(None)
+        items: List[Any]
+        if isinstance(value, bool):
+            raise ConfigError(_bad(key, value, "'all', an integer, a list, or a string like '0,5-7'"))
+        if isinstance(value, int):
+            items = [value]
+        elif isinstance(value, str):
+            items = [part for part in value.split(",")]
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(value)
+        else:
+            raise ConfigError(_bad(key, value, "'all', an integer, a list, or a string like '0,5-7'"))
+        chosen = set()
+        for item in items:
+            chosen.update(_parse_index_item(item, key))
+        if not chosen:
+            raise ConfigError(f"{key}: {value!r} selects nothing; use 'all' or list at least one number")
+        return cls(frozenset(chosen))
+
+
+_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def _parse_index_item(item: Any, key: str) -> range:
+    if isinstance(item, bool):
+        raise ConfigError(_bad(key, item, "non-negative integers or ranges like '5-7'"))
+    if isinstance(item, int):
+        if item < 0:
+            raise ConfigError(_bad(key, item, "non-negative integers"))
+        return range(item, item + 1)
+    if isinstance(item, str):
+        text = item.strip()
+        if text.isdigit():
+            return range(int(text), int(text) + 1)
+        m = _RANGE_RE.match(text)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if lo > hi:
+                raise ConfigError(f"{key}: range {text!r} is reversed; write it as '{hi}-{lo}'")
+            return range(lo, hi + 1)
+    raise ConfigError(_bad(key, item, "non-negative integers or ranges like '5-7'"))
+
+
+def _bad(key: str, value: Any, valid: str) -> str:
+    return f"{key}: invalid value {value!r}; valid: {valid}"
+
+
+def _choice(key: str, value: Any, choices: Tuple[str, ...]) -> str:
+    if isinstance(value, str) and value in choices:
+        return value
+    hint = ""
+    if isinstance(value, str):
+        close = difflib.get_close_matches(value, choices, n=1)
+        if close:
+            hint = f" (did you mean {close[0]!r}?)"
+    raise ConfigError(f"{key}: invalid value {value!r}{hint}; valid: {', '.join(choices)}")
+
+
+def _str_list(key: str, value: Any) -> Tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(_bad(key, value, "a string or a list of non-empty strings"))
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class DumpConfig:
+    """What to capture, where, and how. See README.md, 'Configuration reference'."""
+
+    dump_path: Optional[str] = None
+    task: str = "statistics"
+    data_mode: str = "all"
+    steps: IndexSelection = field(default_factory=IndexSelection)
+    ranks: IndexSelection = field(default_factory=IndexSelection)
+    include: Tuple[str, ...] = ("*",)
+    exclude: Tuple[str, ...] = ()
+    exclude_classes: Tuple[str, ...] = ()
+    layer_mapping: Tuple[str, ...] = ("auto",)
+    statistics: Tuple[str, ...] = DEFAULT_STATISTICS
+    backend: str = "auto"
+    process_on_train_end: bool = True
+    jobs: Optional[int] = None
+
+    # ------------------------------------------------------------------
+    @property
+    def captures_forward(self) -> bool:
+        return self.data_mode in ("forward", "all")
+
+    @property
+    def captures_backward(self) -> bool:
+        return self.data_mode in ("backward", "all")
+
+    def resolved_dump_path(self, output_dir: Optional[str] = None) -> str:
+        """``dump_path`` or, when unset, ``<output_dir>/celldump`` (MindFormers' convention).
+
+        ``output_dir`` defaults to ``$LOCAL_DEFAULT_PATH`` or ``./output`` as in MindFormers.
+        """
+        if self.dump_path:
+            return os.path.abspath(os.path.expanduser(self.dump_path))
+        base = output_dir or os.environ.get("LOCAL_DEFAULT_PATH") or "./output"
+        return os.path.abspath(os.path.join(base, DEFAULT_DUMP_DIR_NAME))
+
+    def to_dict(self) -> dict:
+        """Plain-data form (what the raw manifest records)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, IndexSelection):
+                value = value.describe()
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    # ------------------------------------------------------------------
+    @classmethod
+    def keys(cls) -> Tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: Optional[Mapping[str, Any]] = None, source: str = "configuration") -> "DumpConfig":
+        """Validate ``values`` (keys as in the README) and build the config."""
+        values = dict(values or {})
+        known = cls.keys()
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{source}: unknown key {key!r}{hint}; valid keys: {', '.join(known)}")
+        kwargs: dict = {}
+        if "dump_path" in values and values["dump_path"] is not None:
+            path = values["dump_path"]
+            if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+                raise ConfigError(_bad("dump_path", path, "a non-empty directory path"))
+            kwargs["dump_path"] = os.fspath(path)
+        if "task" in values:
+            kwargs["task"] = _choice("task", values["task"], TASKS)
+        if "data_mode" in values:
+            kwargs["data_mode"] = _choice("data_mode", values["data_mode"], DATA_MODES)
+        for key in ("steps", "ranks"):
+            if key in values:
+                kwargs[key] = IndexSelection.parse(values[key], key)
+        for key in ("include", "exclude", "exclude_classes"):
+            if key in values:
+                kwargs[key] = _str_list(key, values[key])
+        if "include" in kwargs and not kwargs["include"]:
+            raise ConfigError("include: empty list selects no cell; use ['*'] for all cells")
+        if "layer_mapping" in values:
+            kwargs["layer_mapping"] = _parse_layer_mapping(values["layer_mapping"])
+        if "statistics" in values:
+            stats = _str_list("statistics", values["statistics"])
+            for item in stats:
+                _choice("statistics", item, STATISTICS)
+            if not stats:
+                raise ConfigError(f"statistics: empty list; choose from {', '.join(STATISTICS)}")
+            kwargs["statistics"] = tuple(dict.fromkeys(stats))
+        if "backend" in values:
+            kwargs["backend"] = _choice("backend", values["backend"], BACKENDS)
+        if "process_on_train_end" in values:
+            flag = values["process_on_train_end"]
+            if not isinstance(flag, bool):
+                raise ConfigError(_bad("process_on_train_end", flag, "true or false"))
+            kwargs["process_on_train_end"] = flag
+        if "jobs" in values and values["jobs"] is not None:
+            jobs = values["jobs"]
+            if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+                raise ConfigError(_bad("jobs", jobs, "a positive integer (worker processes for processing)"))
+            kwargs["jobs"] = jobs
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str) -> "DumpConfig":
+        """Load a standalone YAML file whose top level holds the configuration keys.
+
+        A file shaped like a MindFormers callback entry (with ``type: CellDumpCallback``)
+        is accepted too; ``type`` and ``auto_register`` are then ignored.
+        """
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file not found: {path}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: YAML syntax error: {err}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of configuration keys, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k not in ("type", "auto_register")}
+        return cls.from_dict(data, source=path)
+
+    @classmethod
+    def coerce(cls, config: Union["DumpConfig", Mapping[str, Any], None]) -> "DumpConfig":
+        """Accept a DumpConfig, a plain dict of the same keys, or None (defaults)."""
+        if isinstance(config, DumpConfig):
+            return config
+        if config is None or isinstance(config, Mapping):
+            return cls.from_dict(config)
+        raise ConfigError(f"configuration must be a DumpConfig or a dict, got {type(config).__name__}")
+
+
+def _parse_layer_mapping(value: Any) -> Tuple[str, ...]:
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() == "none"):
+        return ()
+    items = _str_list("layer_mapping", value)
+    return items
