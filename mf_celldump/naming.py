@@ -93,7 +93,7 @@ class ProbeKey:
         return (self.cell_id, SLOT_CODES[self.slot], VKIND_CODES[self.vkind], call) + tuple(self.path)
 
     @classmethod
-    def from_codes(cls, codes, direction: str) -> "ProbeKey":
+    def from_codes(cls, codes, direction: str) -> ProbeKey:
         codes = [int(c) for c in codes]
         if len(codes) < 5:
             raise ValueError(f"probe key {codes} is too short: expected cell, slot, kind, call, path...")
@@ -237,3 +237,41 @@ def split_entry_name(entry: str) -> Tuple[str, str, str, int]:
     if len(parts) < 5 or parts[0] != "Cell" or parts[-2] not in DIRECTIONS:
         raise ValueError(f"not a cell entry name: {entry!r}")
     return ".".join(parts[1:-3]), parts[-3], parts[-2], int(parts[-1])
+
+
+# ---------------------------------------------------------------------------
+# Processing's own bookkeeping names (temporary and marker files)
+# ---------------------------------------------------------------------------
+
+KBK_DIR = "kbk"  # _raw/rank{R}/kbk/**/{iteration}/statistic.csv (Ascend kernel-by-kernel statistics)
+KBK_STATISTIC_CSV = "statistic.csv"
+PROCESSED_DIR = "_processed"  # _raw/rank{R}/_processed/step{N}.json: what processing consumed
+PROCESSING_LOCK = ".processing.lock"
+
+
+def kbk_iteration_from_dir_name(name: str) -> Optional[int]:
+    """MindSpore names the kernel-by-kernel dump's iteration folders by the bare number."""
+    return int(name) if name.isdigit() else None
+
+
+def processed_marker_name(step: int) -> str:
+    return f"{step_dir_name(step)}.json"
+
+
+def partial_output_dir_name(rank_dir: str) -> str:
+    """Where an output rank folder is assembled before it is renamed into place."""
+    return f".{rank_dir}.partial"
+
+
+def retired_output_dir_name(rank_dir: str) -> str:
+    """Where a replaced output rank folder waits for deletion."""
+    return f".{rank_dir}.retired"
+
+
+def removing_dir_name(name: str) -> str:
+    """A raw folder renamed here is being deleted; a leftover one is finished on the next run."""
+    return f".{name}.removing"
+
+
+def is_removing_dir_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".removing")

@@ -1,0 +1,291 @@
+"""``attach(network, config)``: the handle that owns one capture, from wrap to detach.
+
+An attached dump is an object: it holds the wrapped cells, the raw writer, the
+backend and the step state; ``detach()`` undoes all of it. Nothing is stored in
+module globals, so two networks can be dumped side by side and a second run starts
+clean. A marker attribute on the model root lets integrations find the handle (and
+refuses a second attach); it is removed at detach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from mf_celldump import __version__
+from mf_celldump.capture import wrapping
+from mf_celldump.capture.backends import choose_backend, create_backend
+from mf_celldump.capture.runtime import CaptureRuntime
+from mf_celldump.capture.selection import CellInfo, select_cells, unwrap
+from mf_celldump.capture.writer import RawWriter
+from mf_celldump.config import DumpConfig
+
+logger = logging.getLogger(__name__)
+
+_MARKER = "_mf_celldump_attached"
+
+
+class AttachError(RuntimeError):
+    """The network cannot be captured as asked (wrong type, already attached, bad path)."""
+
+
+def detect_rank() -> Tuple[int, bool]:
+    """(rank, distributed): ``mindspore.communication`` when initialised, else RANK_ID, else 0."""
+    try:
+        from mindspore.communication import get_group_size, get_rank
+
+        rank, size = int(get_rank()), int(get_group_size())
+        return rank, size > 1
+    except Exception:  # not initialised: MindSpore raises RuntimeError (type varies by version)
+        pass
+    env_rank = os.environ.get("RANK_ID")
+    env_size = os.environ.get("RANK_SIZE")
+    if env_rank is not None and env_rank.strip().isdigit():
+        distributed = env_size is not None and env_size.strip().isdigit() and int(env_size) > 1
+        return int(env_rank), distributed
+    return 0, False
+
+
+def _check_writable(path: str) -> None:
+    try:
+        os.makedirs(path, mode=0o750, exist_ok=True)
+    except OSError as err:
+        raise AttachError(f"dump_path {path!r} cannot be created: {err.strerror}") from None
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise AttachError(f"dump_path {path!r} is not a writable directory")
+
+
+def find_attached(network) -> Optional[CellDump]:
+    """The dump attached to ``network`` (or to the model inside its wrappers), if any."""
+    for candidate in (network, unwrap(network)):
+        handle = getattr(candidate, "__dict__", {}).get(_MARKER)
+        if handle is not None:
+            return handle
+    return None
+
+
+def _layer_modes(config: DumpConfig, cells: Sequence[CellInfo], model) -> Dict[str, Any]:
+    """Per-cell in/out modes from the configured layer mappings; warns about mismatches."""
+    if not config.layer_mapping:
+        return {}
+    from mf_celldump import mapping
+
+    named = mapping.named_classes(model.cells_and_names())
+    layer_mapping = mapping.resolve_mapping(tuple(config.layer_mapping), {cls for _, cls in named})
+    mapping.log_mapping_warnings(mapping.check_mapping(layer_mapping, named), logger)
+    captured = {info.name for info in cells}
+    return {name: modes for name, modes in mapping.modes_for_network(layer_mapping, named).items()
+            if name in captured}
+
+
+class CellDump:
+    """One attached capture. Use ``begin_step``/``end_step`` around each training step."""
+
+    def __init__(self, network, model, config: DumpConfig, rank: int, distributed: bool,
+                 initial_step: int, dump_path: str):
+        self.network = network
+        self.model = model
+        self.config = config
+        self.rank = rank
+        self.distributed = distributed
+        self.initial_step = initial_step
+        self.dump_path = dump_path
+        self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
+        self.captured_steps: List[int] = []
+        self.cells: List[CellInfo] = []
+        self.backend = None
+        self.writer: Optional[RawWriter] = None
+        self._wrappers: List[wrapping.InstalledWrapper] = []
+        self.runtime = CaptureRuntime(rank_selected=rank in config.ranks)
+        self.device = "CPU"
+        self.attached = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _attach(self) -> None:
+        import mindspore as ms
+
+        graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
+        device = self.device = ms.get_context("device_target")
+        self.model.__dict__[_MARKER] = self
+        self.attached = True
+        if not self.runtime.rank_selected:
+            logger.info("rank %d is not in ranks=%s: nothing is captured on this rank",
+                        self.rank, self.config.ranks.describe())
+            return
+        choice = choose_backend(self.config, device, graph_mode)
+        logger.info("capture backend: %s (%s)", choice.name, choice.reason)
+        self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
+        self.backend = create_backend(choice.name, self.config, self.runtime, self.writer)
+        self.cells = select_cells(self.model, self.config)
+        modes = _layer_modes(self.config, self.cells, self.model)
+        self.backend.setup(self.initial_step)
+        try:
+            for info in self.cells:
+                arg_modes = modes.get(info.name, wrapping.DEFAULT_MODES)
+                if graph_mode:
+                    construct = wrapping.graph_construct(info, arg_modes, self.backend.graph_probe_function())
+                else:
+                    construct = wrapping.pynative_construct(
+                        info, arg_modes, self.backend, self.runtime,
+                        self.config.captures_forward, self.config.captures_backward,
+                    )
+                self._wrappers.append(wrapping.install(info, construct))
+        except BaseException:
+            self.detach()
+            raise
+        self.writer.write_manifest(self._manifest(graph_mode, device))
+        logger.info("capturing %d cells of %s into %s (task=%s, data_mode=%s, steps=%s)",
+                    len(self.cells), type(self.model).__name__, self.dump_path,
+                    self.config.task, self.config.data_mode, self.config.steps.describe())
+
+    def _manifest(self, graph_mode: bool, device: str) -> dict:
+        import mindspore as ms
+
+        manifest = {
+            "format": "mf_celldump-raw/1",
+            "run_id": self.run_id,
+            "tool_version": __version__,
+            "config": self.config.to_dict(),
+            "task": self.config.task,
+            "data_mode": self.config.data_mode,
+            "statistics": list(self.config.statistics),
+            "backend": self.backend.name,
+            "rank": self.rank,
+            "distributed": self.distributed,
+            "execution_mode": "graph" if graph_mode else "pynative",
+            "device": device,
+            "mindspore_version": ms.__version__,
+            "model_class": type(self.model).__name__,
+            "cells": [info.manifest_entry() for info in self.cells],
+        }
+        manifest.update(self.backend.manifest_fields())
+        return manifest
+
+    def detach(self) -> None:
+        """Restore every wrapped cell, stop capture ops still compiled into graphs, close files."""
+        if not self.attached:
+            return
+        if self.runtime.active:
+            self.end_step()
+        for wrapper in reversed(self._wrappers):
+            wrapper.restore()
+        self._wrappers.clear()
+        self.runtime.closed = True
+        self.runtime.stop_step()
+        if self.backend is not None:
+            self.backend.teardown()
+        if self.writer is not None:
+            self.writer.close()
+        self.model.__dict__.pop(_MARKER, None)
+        self.attached = False
+        logger.info("capture detached from %s", type(self.model).__name__)
+
+    # -- steps ---------------------------------------------------------------------------
+    def step_selected(self, step: int) -> bool:
+        return self.runtime.rank_selected and step in self.config.steps
+
+    def begin_step(self, step: int) -> None:
+        """Global step ``step`` (0-based) is about to run."""
+        if self.runtime.active:
+            self.end_step()
+        selected = self.attached and self.step_selected(step)
+        if selected:
+            self.writer.prepare_step(step)
+        self.runtime.start_step(step, selected)
+
+    def end_step(self) -> None:
+        """The step's outputs are materialised: flush, and mark the raw step complete."""
+        if not self.runtime.active:
+            return
+        step = self.runtime.step
+        _synchronize(self.device)
+        self.runtime.stop_step()
+        self.writer.finish_step(step)
+        self.captured_steps.append(step)
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        """``with dump.step(n): train_step()`` for hand-written training loops."""
+        self.begin_step(step)
+        try:
+            yield self
+        finally:
+            self.end_step()
+
+    # -- processing ------------------------------------------------------------------------
+    def process(self, steps: Optional[Sequence[int]] = None, progress: bool = False):
+        """Turn this rank's complete raw steps into msprobe's layout (see processing)."""
+        from mf_celldump.processing.pipeline import process_dump
+
+        return process_dump(
+            self.dump_path,
+            steps=steps,
+            ranks=[self.rank],
+            jobs=self.config.jobs,
+            only_complete=True,
+            progress=progress,
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.detach()
+        return False
+
+    def __repr__(self) -> str:
+        state = "attached" if self.attached else "detached"
+        return f"<CellDump {state} rank={self.rank} cells={len(self.cells)} path={self.dump_path!r}>"
+
+
+def _synchronize(device: str) -> None:
+    """Wait for queued work (and so for capture ops) to finish before a step is marked done.
+
+    ``mindspore.runtime.synchronize()`` serves devices; on CPU it only logs "CPU device
+    is not supported", so there the PyNative executor's queue is drained instead.
+    """
+    try:
+        if device == "CPU":
+            from mindspore.common.api import _pynative_executor  # private, guarded
+
+            _pynative_executor.sync()
+        else:
+            import mindspore as ms
+
+            ms.runtime.synchronize()
+    except (AttributeError, ImportError, RuntimeError) as err:  # older MindSpore: nothing to drain
+        logger.debug("synchronize skipped: %s", err)
+
+
+def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *,
+           rank: Optional[int] = None, distributed: Optional[bool] = None,
+           initial_step: int = 0, output_dir: Optional[str] = None) -> CellDump:
+    """Wrap every selected cell of ``network`` with capture ops; returns the handle.
+
+    ``network`` may be the model or any training wrapper around it. Call this before
+    the network's graph is compiled (wrapping after the first compile is ignored by
+    MindSpore until its compile cache is cleared).
+    """
+    config = DumpConfig.coerce(config)
+    from mindspore import nn
+
+    if not isinstance(network, nn.Cell):
+        raise AttachError(f"attach() needs a mindspore.nn.Cell, got {type(network).__name__}")
+    model = unwrap(network)
+    existing = find_attached(network)
+    if existing is not None:
+        raise AttachError(
+            f"a dump is already attached to {type(model).__name__} ({existing!r}); call detach() on it first"
+        )
+    detected_rank, detected_distributed = detect_rank()
+    rank = detected_rank if rank is None else rank
+    distributed = detected_distributed if distributed is None else distributed
+    dump_path = config.resolved_dump_path(output_dir)
+    if rank in config.ranks:
+        _check_writable(dump_path)
+    dump = CellDump(network, model, config, rank, distributed, initial_step, dump_path)
+    dump._attach()
+    return dump
