@@ -48,7 +48,7 @@ class IndexSelection:
         return ",".join(str(v) for v in sorted(self.values))
 
     @classmethod
-    def parse(cls, value: Any, key: str) -> "IndexSelection":
+    def parse(cls, value: Any, key: str) -> IndexSelection:
         """Accept ``all``/None, an int, ``"0,5-7"``, or a list of ints and such strings."""
         if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
             return cls(None)
@@ -71,7 +71,8 @@ class IndexSelection:
         return cls(frozenset(chosen))
 
 
-_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+_RANGE_RE = re.compile(r"^\s*([0-9]+)\s*-\s*([0-9]+)\s*$")
+_NUMBER_RE = re.compile(r"^[0-9]+$")
 
 
 def _parse_index_item(item: Any, key: str) -> range:
@@ -83,7 +84,7 @@ def _parse_index_item(item: Any, key: str) -> range:
         return range(item, item + 1)
     if isinstance(item, str):
         text = item.strip()
-        if text.isdigit():
+        if _NUMBER_RE.match(text):
             return range(int(text), int(text) + 1)
         m = _RANGE_RE.match(text)
         if m:
@@ -174,9 +175,17 @@ class DumpConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_dict(cls, values: Optional[Mapping[str, Any]] = None, source: str = "configuration") -> "DumpConfig":
+    def from_dict(
+        cls, values: Optional[Mapping[str, Any]] = None, source: str = "configuration"
+    ) -> DumpConfig:
         """Validate ``values`` (keys as in the README) and build the config."""
-        values = dict(values or {})
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(
+                f"{source}: expected a mapping of configuration keys, got {type(values).__name__}"
+            )
+        values = dict(values)
         known = cls.keys()
         for key in values:
             if key not in known:
@@ -204,9 +213,12 @@ class DumpConfig:
         if "layer_mapping" in values:
             kwargs["layer_mapping"] = _parse_layer_mapping(values["layer_mapping"])
         if "statistics" in values:
-            stats = _str_list("statistics", values["statistics"])
-            for item in stats:
-                _choice("statistics", item, STATISTICS)
+            stats = values["statistics"]
+            if isinstance(stats, str):
+                stats = [stats]
+            if not isinstance(stats, (list, tuple)):
+                raise ConfigError(_bad("statistics", stats, f"a list of: {', '.join(STATISTICS)}"))
+            stats = tuple(_choice("statistics", item, STATISTICS) for item in stats)
             if not stats:
                 raise ConfigError(f"statistics: empty list; choose from {', '.join(STATISTICS)}")
             kwargs["statistics"] = tuple(dict.fromkeys(stats))
@@ -225,7 +237,7 @@ class DumpConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_yaml(cls, path: str) -> "DumpConfig":
+    def from_yaml(cls, path: str) -> DumpConfig:
         """Load a standalone YAML file whose top level holds the configuration keys.
 
         A file shaped like a MindFormers callback entry (with ``type: CellDumpCallback``)
@@ -236,6 +248,8 @@ class DumpConfig:
                 data = yaml.safe_load(handle)
         except FileNotFoundError:
             raise ConfigError(f"configuration file not found: {path}") from None
+        except OSError as err:
+            raise ConfigError(f"cannot read configuration file {path}: {err}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: YAML syntax error: {err}") from None
         if data is None:
@@ -246,7 +260,7 @@ class DumpConfig:
         return cls.from_dict(data, source=path)
 
     @classmethod
-    def coerce(cls, config: Union["DumpConfig", Mapping[str, Any], None]) -> "DumpConfig":
+    def coerce(cls, config: Union[DumpConfig, Mapping[str, Any], None]) -> DumpConfig:
         """Accept a DumpConfig, a plain dict of the same keys, or None (defaults)."""
         if isinstance(config, DumpConfig):
             return config
@@ -258,5 +272,9 @@ class DumpConfig:
 def _parse_layer_mapping(value: Any) -> Tuple[str, ...]:
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() == "none"):
         return ()
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    elif isinstance(value, (list, tuple)):
+        value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
     items = _str_list("layer_mapping", value)
     return items
