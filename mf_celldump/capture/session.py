@@ -249,7 +249,10 @@ def _synchronize(device: str) -> None:
     """
     try:
         if device == "CPU":
-            from mindspore.common.api import _pynative_executor  # private, guarded
+            try:
+                from mindspore.graph.api import _pynative_executor  # private, guarded
+            except ImportError:  # before MindSpore 2.9
+                from mindspore.common.api import _pynative_executor
 
             _pynative_executor.sync()
         else:

@@ -1,0 +1,97 @@
+"""A small network with every shape of call the capture engine must handle.
+
+- ``split`` returns a tuple;
+- ``gate`` takes a non-tensor positional input and a keyword tensor argument;
+- ``shared`` is called twice per step;
+- ``layers`` is a CellList.
+Weights are deterministic so runs can be compared bit for bit.
+"""
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+
+class Split(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Dense(8, 16)
+
+    def construct(self, x):
+        y = self.proj(x)
+        return y[:, :8], y[:, 8:]
+
+
+class Gate(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Dense(8, 8)
+
+    def construct(self, x, scale, gate=None):
+        y = self.lin(x) * scale
+        if gate is not None:
+            y = y * ops.sigmoid(gate)
+        return y
+
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Dense(4, 8)
+        self.split = Split()
+        self.gate = Gate()
+        self.shared = nn.Dense(8, 8)
+        self.layers = nn.CellList([nn.Dense(8, 8) for _ in range(2)])
+        self.act = nn.ReLU()
+
+    def construct(self, x):
+        h = self.embed(x)
+        a, b = self.split(h)
+        h = self.gate(a, 2, gate=b)
+        h = self.shared(self.act(self.shared(h)))
+        for layer in self.layers:
+            h = layer(h)
+        return (h * h).mean()
+
+
+def make_net(weights=None):
+    """A Net with fixed weights (or the given {name: array})."""
+    net = Net()
+    for index, param in enumerate(net.trainable_params()):
+        if weights is not None:
+            value = weights[param.name]
+        else:
+            value = np.random.RandomState(index).randn(*param.shape).astype(np.float32) * 0.3
+        param.set_data(Tensor(value))
+    return net
+
+
+def snapshot(net):
+    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+
+
+def make_input():
+    return Tensor(np.random.RandomState(1234).randn(2, 4).astype(np.float32))
+
+
+def train_one_step_cell(net):
+    return nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+
+
+def set_mode(mode):
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
+
+
+# name -> class of every captured cell (the root and the uncalled CellList capture nothing)
+CAPTURED_CELLS = {
+    "embed": "Dense",
+    "split": "Split",
+    "split.proj": "Dense",
+    "gate": "Gate",
+    "gate.lin": "Dense",
+    "shared": "Dense",
+    "layers.0": "Dense",
+    "layers.1": "Dense",
+    "act": "ReLU",
+}
+CALLS_PER_STEP = {name: (2 if name == "shared" else 1) for name in CAPTURED_CELLS}

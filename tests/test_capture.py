@@ -1,0 +1,330 @@
+"""Capture engine on real MindSpore (CPU), PyNative and Graph mode.
+
+The raw files are read back with an independent oracle (tests/rawread.py) and their
+values checked against independent computations: forward outputs by re-running
+fresh, unwrapped cells on the captured inputs; gradients by ``mindspore.grad`` of
+fresh cells and of the whole network.
+"""
+
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+import mf_celldump
+from mf_celldump import naming
+from mf_celldump.capture.session import AttachError, find_attached
+from tests import capture_net as cn
+from tests.rawread import read_manifest, read_step
+
+STEPS = 3
+
+
+def _train(mode, config=None, steps=STEPS, begin_end=True):
+    """Train the capture net; returns (losses, weights before each step, final weights, dump)."""
+    cn.set_mode(mode)
+    net = cn.make_net()
+    train = cn.train_one_step_cell(net)
+    x = cn.make_input()
+    dump = mf_celldump.attach(train, config) if config is not None else None
+    losses, weights = [], []
+    for step in range(steps):
+        weights.append(cn.snapshot(net))
+        if dump is not None and begin_end:
+            dump.begin_step(step)
+        losses.append(train(x).asnumpy())
+        if dump is not None and begin_end:
+            dump.end_step()
+    if dump is not None:
+        dump.detach()
+    return losses, weights, cn.snapshot(net), dump
+
+
+@pytest.fixture(scope="module")
+def baselines():
+    cache = {}
+
+    def get(mode):
+        if mode not in cache:
+            losses, _, final, _ = _train(mode)
+            cache[mode] = (losses, final)
+        return cache[mode]
+
+    return get
+
+
+def _raw_steps(dump_path, rank=0):
+    rank_dir = os.path.join(dump_path, naming.RAW_ROOT, naming.raw_rank_dir_name(rank))
+    manifest = read_manifest(rank_dir)
+    steps = {}
+    for name in os.listdir(rank_dir):
+        step = naming.parse_step_dir_name(name)
+        if step is not None:
+            steps[step] = os.path.join(rank_dir, name)
+    return manifest, steps
+
+
+def _expected_keys():
+    """Every (cell, direction, slot, path, call) the capture net must produce per step."""
+    keys = set()
+    for name, calls in cn.CALLS_PER_STEP.items():
+        for call in range(calls):
+            outputs = [(0,), (1,)] if name == "split" else [(0,)]
+            tensor_inputs = [("a", (0,))] + ([("k", (2,))] if name == "gate" else [])
+            for path in outputs:
+                keys.add((name, "forward", "o", path, call))
+                keys.add((name, "backward", "o", path, call))
+            for slot, path in tensor_inputs:
+                keys.add((name, "forward", slot, path, call))
+                if name != "embed":  # the network input needs no gradient
+                    keys.add((name, "backward", slot, path, call))
+            if name == "gate":
+                keys.add((name, "forward", "a", (1,), call))  # the int 2
+    return keys
+
+
+CASES = [("pynative", "tensordump"), ("pynative", "host"), ("graph", "host")]
+
+
+@pytest.mark.parametrize("mode,backend", CASES)
+def test_every_record_and_value(tmp_path, mode, backend):
+    config = {"dump_path": str(tmp_path), "task": "tensor", "data_mode": "all", "backend": backend}
+    _, weights, _, dump = _train(mode, config)
+    assert dump.captured_steps == [0, 1, 2]
+    manifest, steps = _raw_steps(str(tmp_path))
+    assert manifest["backend"] == backend
+    assert {c["name"]: c["class"] for c in manifest["cells"]} == {**cn.CAPTURED_CELLS, "layers": "CellList"}
+    assert sorted(steps) == [0, 1, 2]
+    expected = _expected_keys()
+    cn.set_mode("pynative")  # independent computations run eagerly
+    for step, step_dir in sorted(steps.items()):
+        assert os.path.exists(os.path.join(step_dir, naming.STEP_DONE_FILE))
+        records = read_step(step_dir, manifest)
+        assert set(records) == expected, f"step {step}: {set(records) ^ expected}"
+        assert records[("gate", "forward", "a", (1,), 0)]["value"] == 2
+        _check_forward_values(records, weights[step])
+        _check_backward_values(records, weights[step])
+
+
+def _fresh_cell(weights, name):
+    net = cn.make_net(weights)
+    cell = dict(net.cells_and_names())[name]
+    return net, cell
+
+
+def _inputs(records, name, call):
+    args = [Tensor(records[(name, "forward", "a", (0,), call)])]
+    kwargs = {}
+    if name == "gate":
+        args.append(records[(name, "forward", "a", (1,), call)]["value"])
+        kwargs["gate"] = Tensor(records[(name, "forward", "k", (2,), call)])
+    return args, kwargs
+
+
+def _outputs(records, name, call, direction="forward"):
+    paths = [(0,), (1,)] if name == "split" else [(0,)]
+    return [records[(name, direction, "o", path, call)] for path in paths]
+
+
+def _check_forward_values(records, weights):
+    for name, calls in cn.CALLS_PER_STEP.items():
+        _, cell = _fresh_cell(weights, name)
+        for call in range(calls):
+            args, kwargs = _inputs(records, name, call)
+            out = cell(*args, **kwargs)
+            out = out if isinstance(out, tuple) else (out,)
+            for got, want in zip(_outputs(records, name, call), out):
+                np.testing.assert_allclose(got, want.asnumpy(), rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def _check_backward_values(records, weights):
+    # Truth at the top: loss = mean(h*h), so dL/dh = 2h/N for the last layer's output.
+    h = records[("layers.1", "forward", "o", (0,), 0)]
+    np.testing.assert_allclose(records[("layers.1", "backward", "o", (0,), 0)], 2 * h / h.size, rtol=1e-5)
+    # Each cell: gradients w.r.t. inputs follow from the captured gradients w.r.t. outputs.
+    for name, calls in cn.CALLS_PER_STEP.items():
+        _, cell = _fresh_cell(weights, name)
+        for call in range(calls):
+            args, kwargs = _inputs(records, name, call)
+            douts = [Tensor(d) for d in _outputs(records, name, call, "backward")]
+            tensor_kw = kwargs.get("gate")
+
+            def weighted(x, gate=None, _cell=cell, _args=args, _douts=douts):
+                call_kwargs = {"gate": gate} if gate is not None else {}
+                out = _cell(x, *_args[1:], **call_kwargs)
+                out = out if isinstance(out, tuple) else (out,)
+                return sum((o * d).sum() for o, d in zip(out, _douts))
+
+            if name == "embed":
+                continue  # its input has no gradient
+            if tensor_kw is not None:
+                gx, gk = ms.grad(weighted, grad_position=(0, 1))(args[0], tensor_kw)
+                np.testing.assert_allclose(records[(name, "backward", "k", (2,), call)], gk.asnumpy(),
+                                           rtol=1e-5, atol=1e-6)
+            else:
+                gx = ms.grad(weighted, grad_position=0)(args[0])
+            np.testing.assert_allclose(records[(name, "backward", "a", (0,), call)], gx.asnumpy(),
+                                       rtol=1e-5, atol=1e-6, err_msg=f"{name}.{call}")
+    # The shared cell's two calls pair forward and backward correctly: their weight
+    # gradients add up to the whole network's gradient of shared.weight.
+    net = cn.make_net(weights)
+    params = [p for p in net.trainable_params() if p.name == "shared.weight"]
+    _, (grad_w,) = ms.value_and_grad(net, None, params)(cn.make_input())
+    total = sum(
+        records[("shared", "backward", "o", (0,), c)].T @ records[("shared", "forward", "a", (0,), c)]
+        for c in range(2)
+    )
+    np.testing.assert_allclose(total, grad_w.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("task", ["tensor", "statistics"])
+@pytest.mark.parametrize("data_mode", ["forward", "backward", "all"])
+def test_training_is_bitwise_unchanged(tmp_path, baselines, mode, task, data_mode):
+    want_losses, want_final = baselines(mode)
+    config = {"dump_path": str(tmp_path), "task": task, "data_mode": data_mode}
+    losses, _, final, dump = _train(mode, config)
+    for got, want in zip(losses, want_losses):
+        np.testing.assert_array_equal(got, want)
+    for name, value in want_final.items():
+        np.testing.assert_array_equal(final[name], value, err_msg=name)
+    _, steps = _raw_steps(str(tmp_path))
+    assert sorted(steps) == [0, 1, 2]
+    files = os.listdir(steps[1])
+    directions = {naming.parse_raw_tensor_name(f).key.direction for f in files if f.endswith(".npy")}
+    if task == "tensor":
+        assert directions == ({"forward", "backward"} if data_mode == "all" else {data_mode})
+    else:
+        assert not directions, "statistics task must write no tensor files"
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_statistics_equal_numpy(tmp_path, mode):
+    from mf_celldump.statistics import compute_statistics
+
+    stats = ["max", "min", "mean", "norm", "md5", "nan_count", "inf_count"]
+    _train(mode, {"dump_path": str(tmp_path / "t"), "task": "tensor"})
+    _train(mode, {"dump_path": str(tmp_path / "s"), "task": "statistics", "statistics": stats})
+    manifest_t, steps_t = _raw_steps(str(tmp_path / "t"))
+    manifest_s, steps_s = _raw_steps(str(tmp_path / "s"))
+    assert manifest_s["backend"] == ("device_stats" if mode == "pynative" else "host")
+    for step in range(STEPS):
+        assert not [f for f in os.listdir(steps_s[step]) if f.endswith(".npy")]
+        tensors = read_step(steps_t[step], manifest_t)
+        records = read_step(steps_s[step], manifest_s)
+        assert set(records) == set(tensors)
+        for key, array in tensors.items():
+            record = records[key]
+            if not isinstance(array, np.ndarray):
+                assert record["value"] == array["value"]
+                continue
+            want = compute_statistics(array, stats)
+            assert record["dtype"] == "Float32" and record["shape"] == list(array.shape)
+            for name in ("Max", "Min", "Mean", "Norm"):
+                assert record["stats"][name] == pytest.approx(want[name], rel=1e-5, abs=1e-6), (key, name)
+            for name in ("md5", "nan_count", "inf_count"):
+                assert record["stats"][name] == want[name], (key, name)
+
+
+def _all_files(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_detach_restores_cells_and_stops_writing(tmp_path, mode):
+    cn.set_mode(mode)
+    net = cn.make_net()
+    train = cn.train_one_step_cell(net)
+    before = {name: dict(cell.__dict__) for name, cell in train.cells_and_names()}
+    mf_celldump.attach(train, {"dump_path": str(tmp_path / "unused")}).detach()
+    for name, cell in train.cells_and_names():
+        assert cell.__dict__ == before[name], f"attach/detach left something on {name!r}"
+    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "tensor"})
+    assert find_attached(train) is dump and find_attached(net) is dump
+    assert "construct" in net.embed.__dict__
+    x = cn.make_input()
+    with dump.step(0):
+        train(x)
+    dump.detach()
+    assert find_attached(train) is None
+    for name, cell in train.cells_and_names():
+        assert "construct" not in cell.__dict__, name
+        assert not [k for k in cell.__dict__ if "celldump" in k], name
+        assert cell.construct.__func__ is type(cell).construct
+    written = _all_files(tmp_path)
+    for _ in range(2):
+        train(x)
+    after = _all_files(tmp_path)
+    assert after == written
+    dump.begin_step(5)  # a detached dump ignores further steps
+    train(x)
+    dump.end_step()
+    assert not os.path.exists(os.path.join(tmp_path, naming.RAW_ROOT, "rank0", "step5"))
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_step_selection_writes_nothing_for_other_steps(tmp_path, mode):
+    _, _, _, dump = _train(mode, {"dump_path": str(tmp_path), "task": "tensor", "steps": "1"})
+    assert dump.captured_steps == [1]
+    _, steps = _raw_steps(str(tmp_path))
+    assert sorted(steps) == [1]
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_unselected_rank_writes_nothing(tmp_path, mode):
+    path = tmp_path / "dump"
+    _, _, _, dump = _train(mode, {"dump_path": str(path), "task": "tensor", "ranks": [1]})
+    assert dump.rank == 0 and dump.captured_steps == []
+    assert not path.exists()
+
+
+def test_rank_comes_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK_ID", "3")
+    monkeypatch.setenv("RANK_SIZE", "4")
+    cn.set_mode("pynative")
+    dump = mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path), "ranks": "3"})
+    assert (dump.rank, dump.distributed) == (3, True)
+    dump.detach()
+    assert read_manifest(str(tmp_path / naming.RAW_ROOT / "rank3"))["distributed"] is True
+
+
+def test_names_do_not_depend_on_wrappers(tmp_path):
+    cn.set_mode("pynative")
+    names = []
+    for index, wrap in enumerate((lambda n: n, cn.train_one_step_cell,
+                                  lambda n: cn.train_one_step_cell(nn.WithLossCell(n, nn.MSELoss())))):
+        net = cn.make_net()
+        dump = mf_celldump.attach(wrap(net), {"dump_path": str(tmp_path / str(index))})
+        names.append([c.name for c in dump.cells])
+        dump.detach()
+    assert names[0] == names[1] == names[2]
+    assert "embed" in names[0] and not any(n.startswith(("network", "_backbone")) for n in names[0])
+
+
+def test_attach_errors(tmp_path):
+    cn.set_mode("pynative")
+    with pytest.raises(AttachError, match="needs a mindspore.nn.Cell"):
+        mf_celldump.attach(object(), {"dump_path": str(tmp_path)})
+    net = cn.make_net()
+    dump = mf_celldump.attach(net, {"dump_path": str(tmp_path)})
+    with pytest.raises(AttachError, match="already attached"):
+        mf_celldump.attach(cn.train_one_step_cell(net), {"dump_path": str(tmp_path)})
+    dump.detach()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(AttachError, match="cannot be created"):
+        mf_celldump.attach(net, {"dump_path": str(blocker / "sub")})
+    with pytest.raises(mf_celldump.ConfigError, match="data_mode"):
+        mf_celldump.attach(net, {"dump_path": str(tmp_path), "data_mode": "both"})
+    assert find_attached(net) is None
+
+
+def test_cell_selection_include_exclude(tmp_path):
+    cn.set_mode("pynative")
+    net = cn.make_net()
+    dump = mf_celldump.attach(net, {"dump_path": str(tmp_path), "include": ["layers.*", "shared", "split*"],
+                                    "exclude": ["split.proj"], "exclude_classes": ["ReLU"]})
+    assert [c.name for c in dump.cells] == ["split", "shared", "layers.0", "layers.1"]
+    dump.detach()
