@@ -328,3 +328,36 @@ def test_cell_selection_include_exclude(tmp_path):
                                     "exclude": ["split.proj"], "exclude_classes": ["ReLU"]})
     assert [c.name for c in dump.cells] == ["split", "shared", "layers.0", "layers.1"]
     dump.detach()
+
+
+def test_layer_mapping_modes_reach_the_backend(tmp_path, monkeypatch):
+    """Per-argument in/out modes from a user mapping file are applied by argument index."""
+    from mf_celldump.capture.backends import TensorDumpBackend
+
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text("Net:\n  gate: gate([in, _], [in])  # x in, scale default; output in\n"
+                       "TopLayer:\n  split: split([], [_, in])\n")
+    seen = {}
+    original_forward = TensorDumpBackend.pynative_forward
+    original_backward = TensorDumpBackend.pynative_backward
+
+    def spy_forward(self, value, key, mode):
+        seen[("forward", key.cell_id, key.slot, key.path)] = mode
+        return original_forward(self, value, key, mode)
+
+    def spy_backward(self, tensor, key, mode):
+        seen[("backward", key.cell_id, key.slot, key.path)] = mode
+        return original_backward(self, tensor, key, mode)
+
+    monkeypatch.setattr(TensorDumpBackend, "pynative_forward", spy_forward)
+    monkeypatch.setattr(TensorDumpBackend, "pynative_backward", spy_backward)
+    _, _, _, dump = _train("pynative", {"dump_path": str(tmp_path / "d"), "task": "tensor",
+                                        "backend": "tensordump", "layer_mapping": [str(mapping)]}, steps=1)
+    ids = {c.name: c.id for c in dump.cells}
+    for direction in ("forward", "backward"):
+        assert seen[(direction, ids["gate"], "a", (0,))] == "in"
+        assert seen[(direction, ids["gate"], "o", (0,))] == "in"
+        assert seen[(direction, ids["split"], "o", (1,))] == "in"
+        assert seen[(direction, ids["split"], "o", (0,))] == "out"
+    assert seen[("forward", ids["embed"], "a", (0,))] == "out"
+    assert seen[("forward", ids["gate"], "a", (1,))] == "out"
