@@ -361,3 +361,20 @@ def test_layer_mapping_modes_reach_the_backend(tmp_path, monkeypatch):
         assert seen[(direction, ids["split"], "o", (0,))] == "out"
     assert seen[("forward", ids["embed"], "a", (0,))] == "out"
     assert seen[("forward", ids["gate"], "a", (1,))] == "out"
+
+
+def test_graph_tensordump_path_compiles_up_to_the_ascend_kernel(tmp_path):
+    """Ascend-only path, checked as far as CPU allows: the graph wrapper with TensorDump /
+    DumpGradient parses and builds its file paths; only kernel selection fails on CPU."""
+    from mf_celldump.capture.backends import _make_graph_path
+
+    graph_path = _make_graph_path()
+    assert graph_path("/r/{step}/", (3, 2), "b", (1, 0), ".") == "/r/{step}/c3.b.o.t.nx.p1.0"
+    assert graph_path("/d/", (0, 0), "f", (0,), "-") == "/d/c0-f-a-t-nx-p0"
+    cn.set_mode("graph")
+    train = cn.train_one_step_cell(cn.make_net())
+    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "tensor", "backend": "tensordump"})
+    dump.begin_step(0)
+    with pytest.raises(RuntimeError, match=r"Unsupported op \[TensorDump\] on CPU"):
+        train(cn.make_input())
+    dump.detach()
