@@ -1,0 +1,207 @@
+"""Compare a layer mapping with a real network: what matches nothing, what is left uncovered.
+
+A mapping key that names no cell is silently ignored at dump time, so a typo would
+quietly dump with default modes; this report makes such keys visible, with the
+nearest real names, at attach time and from ``mf-celldump mapping check``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Tuple
+
+from mf_celldump.mapping.model import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
+from mf_celldump.mapping.resolve import child_name, modes_for_network, named_classes
+
+# Containers are never called themselves and their items are numbered, which the
+# format cannot address generically; their items are covered by their own classes.
+CONTAINER_CLASSES = frozenset({"CellList", "SequentialCell", "CellDict"})
+
+
+@dataclass(frozen=True)
+class UnmatchedEntry:
+    """A child key (or TopLayer name) that names no cell of the network."""
+
+    section: str
+    key: str
+    entry: ArgModes
+    suggestions: Tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        what = f"cell {self.key!r}" if self.section == TOP_LAYER else f"child {self.key!r}"
+        near = f" (nearest: {', '.join(self.suggestions)})" if self.suggestions else " (no similar name)"
+        return f"{self.entry.where}: {self.section}: {what} matches no cell{near}"
+
+
+@dataclass(frozen=True)
+class AbsentClass:
+    """A class section whose class does not occur in the network (harmless)."""
+
+    class_name: str
+    entries: int
+    sources: Tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"{self.class_name} ({self.entries} entries, from {', '.join(self.sources)})"
+
+
+@dataclass(frozen=True)
+class UncoveredChild:
+    """A direct child of a cell of a mapped class that gets no entry (dumped with ``out``)."""
+
+    class_name: str
+    child: str
+    child_class: str
+    example: str
+
+    def describe(self) -> str:
+        return f"{self.class_name}: {self.child} ({self.child_class}), e.g. {self.example!r}"
+
+
+@dataclass
+class MappingReport:
+    """Result of :func:`check_mapping`; problems are unmatched entries from user files."""
+
+    sources: Tuple[str, ...] = ()
+    unmatched: List[UnmatchedEntry] = field(default_factory=list)
+    absent_classes: List[AbsentClass] = field(default_factory=list)
+    uncovered: List[UncoveredChild] = field(default_factory=list)
+    cells_with_modes: int = 0
+    cells_total: int = 0
+
+    @property
+    def problems(self) -> List[UnmatchedEntry]:
+        """Unmatched entries from user files: most likely typos or a different model."""
+        return [item for item in self.unmatched if not item.entry.bundled]
+
+    @property
+    def bundled_unmatched(self) -> List[UnmatchedEntry]:
+        """Unmatched bundled entries: they cover model variants (e.g. fused projections)."""
+        return [item for item in self.unmatched if item.entry.bundled]
+
+    @property
+    def has_problems(self) -> bool:
+        return bool(self.problems)
+
+    def format(self) -> str:
+        lines = [f"layer mapping from: {', '.join(self.sources) if self.sources else '(none)'}"]
+        if self.problems:
+            lines.append(f"PROBLEMS, entries that match no cell ({len(self.problems)}):")
+            lines.extend(f"  {item.describe()}" for item in self.problems)
+        if self.bundled_unmatched:
+            lines.append("bundled entries for model variants not present here (fine):")
+            lines.extend(f"  {item.describe()}" for item in self.bundled_unmatched)
+        if self.absent_classes:
+            lines.append("class sections whose class does not occur in the network (ignored):")
+            lines.extend(f"  {item.describe()}" for item in self.absent_classes)
+        if self.uncovered:
+            lines.append(f"children of mapped classes without an entry (dumped with mode '{MODE_OUT}'):")
+            lines.extend(f"  {item.describe()}" for item in self.uncovered)
+        lines.append(
+            f"summary: {self.cells_with_modes} of {self.cells_total} cells get modes from the mapping; "
+            f"{_count(len(self.problems), 'problem')}"
+        )
+        return "\n".join(lines)
+
+
+def check_mapping(mapping: LayerMapping, named_cells: Iterable[Tuple[str, Any]]) -> MappingReport:
+    """Check ``mapping`` against a network given as (name, class name) or (name, cell) pairs."""
+    pairs = named_classes(named_cells)
+    names = sorted({name for name, _ in pairs})
+    present = set(names)
+    instances: Dict[str, List[str]] = {}
+    for name, cls in pairs:
+        instances.setdefault(cls, []).append(name)
+    report = MappingReport(sources=mapping.sources, cells_total=len(present))
+
+    for cls, children in mapping.classes.items():
+        if cls not in instances:
+            if children:
+                sources = tuple(dict.fromkeys(m.source for m in children.values()))
+                report.absent_classes.append(AbsentClass(cls, len(children), sources))
+            continue
+        for key, entry in children.items():
+            if any(child_name(parent, key) in present for parent in instances[cls]):
+                continue
+            relative = _descendants(names, instances[cls][0])
+            report.unmatched.append(UnmatchedEntry(cls, key, entry, _nearest(key, relative)))
+
+    for name, entry in mapping.top_layer.items():
+        if name not in present:
+            report.unmatched.append(UnmatchedEntry(TOP_LAYER, name, entry, _nearest(name, names)))
+
+    with_modes = modes_for_network(mapping, pairs)
+    report.cells_with_modes = len(with_modes)
+    report.uncovered = _uncovered(mapping, pairs, instances, with_modes)
+    return report
+
+
+def log_mapping_warnings(report: MappingReport, log: logging.Logger) -> None:
+    """Log a report at attach time: problems as warnings, the rest at debug level."""
+    for item in report.problems:
+        log.warning("layer mapping: %s", item.describe())
+    for item in report.bundled_unmatched:
+        log.debug("layer mapping (bundled variant, not present): %s", item.describe())
+    for item in report.absent_classes:
+        log.debug("layer mapping: class not in network: %s", item.describe())
+    for item in report.uncovered:
+        log.debug("layer mapping: no entry for %s", item.describe())
+    log.info(
+        "layer mapping: %d of %d cells get modes from %s; %s",
+        report.cells_with_modes,
+        report.cells_total,
+        ", ".join(report.sources) if report.sources else "no mapping",
+        _count(len(report.problems), "problem"),
+    )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _descendants(sorted_names: List[str], parent: str) -> List[str]:
+    if not parent:
+        return [name for name in sorted_names if name]
+    prefix = parent + "."
+    start = bisect.bisect_left(sorted_names, prefix)
+    out = []
+    for name in sorted_names[start:]:
+        if not name.startswith(prefix):
+            break
+        out.append(name[len(prefix) :])
+    return out
+
+
+def _nearest(key: str, candidates: List[str]) -> Tuple[str, ...]:
+    return tuple(difflib.get_close_matches(key, candidates, n=3, cutoff=0.5))
+
+
+def _uncovered(
+    mapping: LayerMapping,
+    pairs: List[Tuple[str, str]],
+    instances: Dict[str, List[str]],
+    with_modes: Dict[str, ArgModes],
+) -> List[UncoveredChild]:
+    class_of = dict(pairs)
+    children_of: Dict[str, List[str]] = {}
+    for name, _ in pairs:
+        if name:
+            children_of.setdefault(name.rpartition(".")[0], []).append(name)
+    seen = set()
+    out = []
+    for cls, entries in mapping.classes.items():
+        if not entries:
+            continue
+        for parent in instances.get(cls, ()):
+            for child in children_of.get(parent, ()):
+                if class_of[child] in CONTAINER_CLASSES or child in with_modes:
+                    continue
+                relative = child[len(parent) + 1 :] if parent else child
+                if (cls, relative) in seen:
+                    continue
+                seen.add((cls, relative))
+                out.append(UncoveredChild(cls, relative, class_of[child], child))
+    return out

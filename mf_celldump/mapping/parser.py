@@ -1,0 +1,288 @@
+"""Read layer-mapping files (MindFormers' ``layer_mapping`` format) into :class:`LayerMapping`.
+
+The YAML is composed (not constructed) with PyYAML's SafeLoader so every entry keeps
+its line number for error messages and duplicate keys can be caught; nothing beyond
+plain scalars and mappings is ever built. Entries are parsed by a small hand-written
+scanner, so lists of any length parse fully and errors can point at a column.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+import yaml
+
+from mf_celldump.mapping.model import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError
+
+ENTRY_SYNTAX = "benchName([input modes], [output modes]) with modes in, out or _ (e.g. linear_q([in], [out]))"
+
+_NAME_RE = re.compile(r"[^\s()\[\],]+")
+_TOKEN_RE = re.compile(r"[^\s()\[\],]+")
+_STR_TAG = "tag:yaml.org,2002:str"
+_INT_TAG = "tag:yaml.org,2002:int"
+_NULL_TAG = "tag:yaml.org,2002:null"
+
+
+class EntryError(ValueError):
+    """An entry string does not follow the entry syntax; ``reason`` says why."""
+
+    def __init__(self, reason: str, column: int):
+        super().__init__(f"column {column}: {reason}")
+        self.reason = reason
+        self.column = column
+
+
+class _Scanner:
+    """Cursor over one entry string."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.pos = 0
+
+    def skip_ws(self) -> None:
+        while self.pos < len(self.text) and self.text[self.pos].isspace():
+            self.pos += 1
+
+    def peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def fail(self, reason: str) -> EntryError:
+        return EntryError(reason, self.pos + 1)
+
+    def take(self, pattern: re.Pattern) -> Optional[str]:
+        match = pattern.match(self.text, self.pos)
+        if not match:
+            return None
+        self.pos = match.end()
+        return match.group(0)
+
+
+def parse_entry_parts(text: str) -> Tuple[str, Tuple[str, ...], Tuple[str, ...]]:
+    """Split ``bench([..], [..])`` into (bench name, input modes, output modes).
+
+    A bare ``bench`` (msprobe compare's plain rename) and ``bench()`` give no modes.
+    Raises :class:`EntryError` naming the first thing that is wrong.
+    """
+    scan = _Scanner(text)
+    scan.skip_ws()
+    name = scan.take(_NAME_RE)
+    if name is None:
+        if not scan.peek():
+            raise scan.fail("empty entry")
+        raise scan.fail(f"expected a baseline name before {scan.text[scan.pos :]!r}")
+    scan.skip_ws()
+    if not scan.peek():
+        return name, (), ()
+    if scan.peek() != "(":
+        raise scan.fail(f"unexpected {scan.text[scan.pos :]!r} after the name {name!r}; expected '('")
+    scan.pos += 1
+    lists: List[Tuple[str, ...]] = []
+    scan.skip_ws()
+    if scan.peek() == ")":
+        scan.pos += 1
+    else:
+        while True:
+            if len(lists) == 2:
+                raise scan.fail("more than two mode lists; give at most [input modes], [output modes]")
+            lists.append(_parse_list(scan))
+            scan.skip_ws()
+            char = scan.peek()
+            if char == ",":
+                scan.pos += 1
+                scan.skip_ws()
+                continue
+            if char == ")":
+                scan.pos += 1
+                break
+            if not char:
+                raise scan.fail("unbalanced brackets: missing ')' at the end")
+            raise scan.fail(f"unexpected {scan.text[scan.pos :]!r} after a mode list; expected ',' or ')'")
+    scan.skip_ws()
+    if scan.peek():
+        raise scan.fail(f"unexpected text {scan.text[scan.pos :]!r} after the closing ')'")
+    while len(lists) < 2:
+        lists.append(())
+    return name, lists[0], lists[1]
+
+
+def _parse_list(scan: _Scanner) -> Tuple[str, ...]:
+    if scan.peek() != "[":
+        if not scan.peek():
+            raise scan.fail("unbalanced brackets: missing ')' at the end")
+        raise scan.fail(f"expected '[' to open a mode list, found {scan.text[scan.pos :]!r}")
+    scan.pos += 1
+    scan.skip_ws()
+    modes: List[str] = []
+    if scan.peek() == "]":
+        scan.pos += 1
+        return ()
+    while True:
+        column = scan.pos + 1
+        token = scan.take(_TOKEN_RE)
+        if token is None:
+            if not scan.peek():
+                raise scan.fail("unbalanced brackets: missing ']' at the end")
+            raise scan.fail(f"expected a mode ({', '.join(MODES)}), found {scan.text[scan.pos :]!r}")
+        if token not in MODES:
+            close = difflib.get_close_matches(token.lower(), MODES, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise EntryError(f"unknown mode {token!r}{hint}; valid modes: {', '.join(MODES)}", column)
+        modes.append(token)
+        scan.skip_ws()
+        char = scan.peek()
+        if char == ",":
+            scan.pos += 1
+            scan.skip_ws()
+            continue
+        if char == "]":
+            scan.pos += 1
+            return tuple(modes)
+        if not char:
+            raise scan.fail("unbalanced brackets: missing ']' at the end")
+        if char == ")":
+            raise scan.fail("unbalanced brackets: missing ']' before ')'")
+        raise scan.fail(f"unexpected {scan.text[scan.pos :]!r} in a mode list; expected ',' or ']'")
+
+
+def parse_entry(text: str, source: str = "", line: int = 0, bundled: bool = False) -> ArgModes:
+    """Parse one entry string into :class:`ArgModes`; raises :class:`MappingError`."""
+    try:
+        name, inputs, outputs = parse_entry_parts(text)
+    except EntryError as err:
+        where = f"{source}:{line}: " if source else ""
+        raise MappingError(f"{where}bad entry {text!r}: {err}; expected {ENTRY_SYNTAX}") from None
+    return ArgModes(name, inputs, outputs, source=source, line=line, bundled=bundled)
+
+
+def parse_mapping_text(text: str, source: str = "<string>", bundled: bool = False) -> LayerMapping:
+    """Parse the text of a layer-mapping file; ``source`` names it in messages."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as err:
+        raise MappingError(f"{source}{_syntax_error_text(err)}") from None
+    except yaml.YAMLError as err:
+        raise MappingError(f"{source}: YAML error: {err}") from None
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL_TAG):
+        return LayerMapping(sources=(source,))
+    if not isinstance(root, yaml.MappingNode):
+        raise MappingError(
+            f"{source}:{_line(root)}: the top level must be a mapping of cell class names (or {TOP_LAYER}) "
+            f"to child entries, found {_kind(root)}"
+        )
+    classes: Dict[str, Dict[str, ArgModes]] = {}
+    top_layer: Dict[str, ArgModes] = {}
+    seen: Dict[str, int] = {}
+    for key_node, value_node in root.value:
+        section = _key(key_node, source, "a class name")
+        _no_duplicate(seen, section, key_node, source, "class section")
+        entries = _section(section, value_node, source, bundled)
+        if section == TOP_LAYER:
+            top_layer = entries
+        else:
+            classes[section] = entries
+    return LayerMapping(classes=classes, top_layer=top_layer, sources=(source,))
+
+
+def load_mapping_file(path: str, bundled: bool = False, source: Optional[str] = None) -> LayerMapping:
+    """Read and parse a layer-mapping file; ``source`` overrides the name used in messages."""
+    source = source or path
+    if os.path.isdir(path):
+        raise MappingError(f"layer mapping {path!r} is a directory; give a YAML file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise MappingError(
+            f"layer mapping file not found: {path} (looked at {os.path.abspath(path)})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise MappingError(f"cannot read layer mapping file {path}: {err}") from None
+    return parse_mapping_text(text, source=source, bundled=bundled)
+
+
+def _syntax_error_text(err: yaml.MarkedYAMLError) -> str:
+    problem, context = err.problem_mark, err.context_mark
+    mark = problem or context
+    text = f":{mark.line + 1}: YAML syntax error: " if mark is not None else ": YAML syntax error: "
+    text += str(err.problem or err.context or err)
+    if err.context and err.problem:
+        where = f" at line {context.line + 1}" if context is not None and context is not mark else ""
+        text += f" ({err.context}{where})"
+    return text
+
+
+def _section(section: str, node: yaml.Node, source: str, bundled: bool) -> Dict[str, ArgModes]:
+    what = "full cell names" if section == TOP_LAYER else "child cell names"
+    if isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        raise MappingError(
+            f"{source}:{_line(node)}: section {section!r} must be a mapping of {what} to entries like "
+            f"{ENTRY_SYNTAX}, found {_kind(node)}"
+        )
+    entries: Dict[str, ArgModes] = {}
+    seen: Dict[str, int] = {}
+    for key_node, value_node in node.value:
+        child = _key(key_node, source, "a cell name")
+        _no_duplicate(seen, child, key_node, source, f"key in section {section!r}:")
+        line = _line(value_node)
+        if isinstance(value_node, yaml.ScalarNode) and value_node.tag == _NULL_TAG:
+            raise MappingError(
+                f"{source}:{line}: {section}: {child!r}: missing entry; expected {ENTRY_SYNTAX}"
+            )
+        if not (isinstance(value_node, yaml.ScalarNode) and value_node.tag == _STR_TAG):
+            raise MappingError(
+                f"{source}:{line}: {section}: {child!r}: bad entry {_text(value_node)}: expected a string "
+                f"{ENTRY_SYNTAX}, found {_kind(value_node)}"
+            )
+        text = value_node.value
+        try:
+            name, inputs, outputs = parse_entry_parts(text)
+        except EntryError as err:
+            raise MappingError(
+                f"{source}:{line}: {section}: {child!r}: bad entry {text!r}: {err}; expected {ENTRY_SYNTAX}"
+            ) from None
+        entries[child] = ArgModes(name, inputs, outputs, source=source, line=line, bundled=bundled)
+    return entries
+
+
+def _key(node: yaml.Node, source: str, what: str) -> str:
+    if isinstance(node, yaml.ScalarNode) and node.tag == _STR_TAG:
+        return node.value
+    if isinstance(node, yaml.ScalarNode) and node.tag == _INT_TAG:
+        return node.value.strip()
+    raise MappingError(f"{source}:{_line(node)}: expected {what} as key, found {_kind(node)} {_text(node)}")
+
+
+def _no_duplicate(seen: Dict[str, int], key: str, node: yaml.Node, source: str, what: str) -> None:
+    line = _line(node)
+    if key in seen:
+        raise MappingError(
+            f"{source}:{line}: duplicate {what} {key!r} (first at line {seen[key]}); "
+            "YAML keeps only one of them, merge the two into one"
+        )
+    seen[key] = line
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    kind = node.tag.rsplit(":", 1)[-1]
+    return "an empty value" if kind == "null" else f"a {kind}"
+
+
+def _text(node: yaml.Node) -> str:
+    if isinstance(node, yaml.ScalarNode):
+        return repr(node.value)
+    mark = node.start_mark
+    snippet = mark.buffer[mark.pointer : node.end_mark.pointer] if mark.buffer else ""
+    return repr(snippet.strip()) if snippet else f"<{_kind(node)}>"

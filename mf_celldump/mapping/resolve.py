@@ -1,0 +1,98 @@
+"""Turn the ``layer_mapping`` config value into one mapping, and a mapping into per-cell modes.
+
+Everything here works on (cell name, class name) pairs so it runs without MindSpore;
+``(name, cell)`` pairs as from ``Cell.cells_and_names()`` are accepted too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from mf_celldump.mapping.bundled import bundled_classes, bundled_names, load_bundled
+from mf_celldump.mapping.model import ArgModes, LayerMapping, MappingError, merge
+from mf_celldump.mapping.parser import load_mapping_file
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+
+def resolve_mapping(specs: Tuple[str, ...], class_names: Optional[Set[str]] = None) -> LayerMapping:
+    """Load and layer the mappings named by ``specs`` (``auto``, bundled names, file paths).
+
+    ``auto`` picks every bundled file with a section for a class in ``class_names``.
+    Bundled mappings are layered first (in spec order), user files over them (in spec
+    order), so a user entry wins per class and child and per TopLayer name.
+    """
+    if isinstance(specs, str):
+        specs = (specs,)
+    known = bundled_names()
+    bundled_order: List[str] = []
+    user_files: List[str] = []
+    for spec in specs:
+        if not isinstance(spec, str) or not spec.strip():
+            raise MappingError(
+                f"layer_mapping: invalid entry {spec!r}; use 'auto', a bundled name ({', '.join(known)}) "
+                "or the path of a YAML file"
+            )
+        spec = spec.strip()
+        if spec == AUTO:
+            present = set(class_names or ())
+            picked = [name for name in known if bundled_classes(name) & present]
+            logger.info("layer_mapping auto: picked %s", ", ".join(picked) or "no bundled mapping")
+            bundled_order.extend(picked)
+        elif spec in known:
+            bundled_order.append(spec)
+        elif os.path.exists(spec):
+            user_files.append(spec)
+        else:
+            raise MappingError(
+                f"layer_mapping: {spec!r} is neither a bundled mapping nor an existing file; bundled names: "
+                f"{', '.join(known)} (or 'auto'); a file path must exist (looked at {os.path.abspath(spec)})"
+            )
+    result = LayerMapping()
+    for name in dict.fromkeys(bundled_order):
+        result = merge(result, load_bundled(name))
+    for path in dict.fromkeys(user_files):
+        result = merge(result, load_mapping_file(path))
+    return result
+
+
+def named_classes(named_cells: Iterable[Tuple[str, Any]]) -> List[Tuple[str, str]]:
+    """(name, class name) pairs from (name, cell) or (name, class name) pairs."""
+    return [(name, item if isinstance(item, str) else type(item).__name__) for name, item in named_cells]
+
+
+def child_name(parent: str, key: str) -> str:
+    """Full name of the child ``key`` of the cell ``parent`` (``""`` is the cell itself)."""
+    if not key:
+        return parent
+    return f"{parent}.{key}" if parent else key
+
+
+def modes_for_network(mapping: LayerMapping, named_cells: Iterable[Tuple[str, Any]]) -> Dict[str, ArgModes]:
+    """Which cells get which modes: cell name -> :class:`ArgModes`.
+
+    For every cell of a mapped class, each child key names a cell relative to it. When
+    several mapped ancestors name the same cell, the nearest one wins; TopLayer entries
+    (full names) win over all class entries. Cells not in the result use ``out``.
+    """
+    pairs = named_classes(named_cells)
+    present = {name for name, _ in pairs}
+    result: Dict[str, ArgModes] = {}
+    mapped = [(name, cls) for name, cls in pairs if mapping.classes.get(cls)]
+    for parent, cls in sorted(mapped, key=lambda pair: _depth(pair[0])):
+        for key, modes in mapping.classes[cls].items():
+            target = child_name(parent, key)
+            if target in present:
+                result[target] = modes
+    for name, modes in mapping.top_layer.items():
+        if name in present:
+            result[name] = modes
+    return result
+
+
+def _depth(name: str) -> int:
+    return name.count(".") + 1 if name else 0

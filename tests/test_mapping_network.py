@@ -1,0 +1,352 @@
+"""Layer mappings against real MindSpore networks, and the ``mapping`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from mindspore import nn
+
+from mf_celldump.mapping import (
+    ArgModes,
+    check_mapping,
+    log_mapping_warnings,
+    modes_for_network,
+    named_classes,
+    parse_mapping_text,
+    resolve_mapping,
+)
+from mf_celldump.mapping import cli as mapping_cli
+
+# --- a small network whose class names match the bundled mcore_gpt file ----------------
+
+
+class SelfAttention(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.linear_qkv = nn.Dense(8, 24)
+        self.linear_proj = nn.Dense(8, 8)
+
+    def construct(self, x):
+        q, _, _ = self.linear_qkv(x).split(8, axis=-1)
+        return self.linear_proj(q)
+
+
+class MLP(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.linear_fc1 = nn.Dense(8, 16)
+        self.linear_fc2 = nn.Dense(16, 8)
+
+    def construct(self, x):
+        return self.linear_fc2(self.linear_fc1(x))
+
+
+class TransformerLayer(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm((8,))
+        self.self_attention = SelfAttention()
+        self.pre_mlp_layernorm = nn.LayerNorm((8,))
+        self.mlp = MLP()
+        self.dropout = nn.Dropout(p=0.1)
+
+    def construct(self, x):
+        x = x + self.self_attention(self.input_layernorm(x))
+        return x + self.dropout(self.mlp(self.pre_mlp_layernorm(x)))
+
+
+class ToyModel(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.CellList([TransformerLayer(), TransformerLayer()])
+        self.head = nn.Dense(8, 4)
+
+    def construct(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def write(tmp_path, text, name="user.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def toy_cells():
+    return named_classes(ToyModel().cells_and_names())
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """MindFormers' LLaMA with two tiny layers, built once (in a temporary working directory)."""
+    return mapping_cli.build_model("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def llama_cells(tiny_llama):
+    return named_classes(tiny_llama.cells_and_names())
+
+
+# --- resolution and modes on the toy network -------------------------------------------
+
+
+def test_auto_picks_mcore_for_toy_network_and_user_file_wins(tmp_path, toy_cells):
+    user = write(
+        tmp_path,
+        """\
+        MLP:
+          linear_fc2: my_fc2([out], [in])
+        ToyModel:
+          head: output_layer([in])
+        TopLayer:
+          layers.1.mlp.linear_fc1: special_fc1([in, in])
+        """,
+    )
+    classes = {cls for _, cls in toy_cells}
+    mapping = resolve_mapping(("auto", user), classes)
+    assert mapping.sources == ("bundled/mcore_gpt.yaml", user)
+
+    modes = modes_for_network(mapping, toy_cells)
+    # bundled entries by class and relative child name
+    assert modes["layers.0.self_attention"].bench_name == "self_attention"
+    assert modes["layers.0.self_attention"].input_mode(0) == "in"
+    assert modes["layers.1.self_attention.linear_qkv"].input_modes == ("in",)
+    assert modes["layers.0.mlp.linear_fc1"].bundled
+    # user class entry over the bundled one, user class absent from bundled files
+    assert modes["layers.0.mlp.linear_fc2"] == ArgModes("my_fc2", ("out",), ("in",))
+    assert modes["layers.1.mlp.linear_fc2"].output_mode(0) == "in"
+    assert modes["head"] == ArgModes("output_layer", ("in",), ())
+    # TopLayer wins for its one cell only
+    assert modes["layers.1.mlp.linear_fc1"].bench_name == "special_fc1"
+    assert modes["layers.0.mlp.linear_fc1"].bench_name == "linear_fc1"
+    # cells without an entry are absent (default mode out)
+    assert "layers.0.dropout" not in modes and "layers" not in modes
+
+    # the same with (name, cell) pairs straight from MindSpore
+    assert modes_for_network(mapping, ToyModel().cells_and_names()).keys() == modes.keys()
+
+    report = check_mapping(mapping, toy_cells)
+    assert not report.has_problems
+    assert {item.class_name for item in report.absent_classes} >= {"GPTModel", "MLASelfAttention"}
+    uncovered = {(item.class_name, item.child) for item in report.uncovered}
+    assert ("TransformerLayer", "dropout") in uncovered
+    assert not any(child == "layers" for _, child in uncovered)  # containers are not reported
+    bundled_variants = {(item.section, item.key) for item in report.bundled_unmatched}
+    assert bundled_variants == {
+        ("SelfAttention", "q_layernorm"),
+        ("SelfAttention", "k_layernorm"),
+        ("SelfAttention", "core_attention"),
+    }
+
+
+def test_nearest_mapped_ancestor_wins_then_top_layer():
+    cells = [("", "Outer"), ("inner", "Inner"), ("inner.fc", "Dense")]
+    assert modes_for_network(resolve_mapping(()), cells) == {}
+    mapping = parse_mapping_text(
+        "Outer:\n  inner.fc: from_outer([in])\n  inner: inner()\n"
+        "Inner:\n  fc: from_inner([out])\n  '': self_entry()\n"
+    )
+    modes = modes_for_network(mapping, cells)
+    assert modes["inner.fc"].bench_name == "from_inner"
+    assert modes["inner"].bench_name == "self_entry"  # nearer: the Inner cell itself
+    with_top = parse_mapping_text("Inner:\n  fc: from_inner()\nTopLayer:\n  inner.fc: top()\n  '': root()\n")
+    modes = modes_for_network(with_top, cells)
+    assert modes["inner.fc"].bench_name == "top" and modes[""].bench_name == "root"
+
+
+def test_wrong_user_file_reports_nearest_names(tmp_path, toy_cells):
+    user = write(
+        tmp_path,
+        """\
+        TransformerLayer:
+          self_atention: self_attention([in])
+        TopLayer:
+          layers.0.mlp.linear_fc3: x()
+        """,
+    )
+    report = check_mapping(resolve_mapping((user,), set()), toy_cells)
+    assert report.has_problems
+    found = {(item.section, item.key): item.suggestions for item in report.problems}
+    assert found[("TransformerLayer", "self_atention")][0] == "self_attention"
+    assert "layers.0.mlp.linear_fc1" in found[("TopLayer", "layers.0.mlp.linear_fc3")]
+    text = report.format()
+    assert (
+        f"{user}:2: TransformerLayer: child 'self_atention' matches no cell (nearest: self_attention" in text
+    )
+    assert "PROBLEMS, entries that match no cell (2):" in text
+
+
+def test_log_mapping_warnings(tmp_path, toy_cells, caplog):
+    user = write(tmp_path, "MLP:\n  linear_fc9: x()\n")
+    report = check_mapping(resolve_mapping(("auto", user), {"MLP"}), toy_cells)
+    log = logging.getLogger("test_mapping")
+    with caplog.at_level(logging.INFO, logger="test_mapping"):
+        log_mapping_warnings(report, log)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "linear_fc9" in warnings[0] and "linear_fc1" in warnings[0]
+    assert any("1 problem" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+
+
+# --- the MindFormers tiny LLaMA --------------------------------------------------------
+
+
+def test_bundled_llama_matches_tiny_llama(llama_cells):
+    classes = {cls for _, cls in llama_cells}
+    mapping = resolve_mapping(("auto",), classes)
+    assert mapping.sources == ("bundled/llama.yaml",)
+    report = check_mapping(mapping, llama_cells)
+    assert not report.has_problems
+    # only the documented variant keys (qkv_concat / ffn_concat configurations) match nothing
+    assert {(u.section, u.key) for u in report.unmatched} == {
+        ("LLamaAttention", "w_qkv"),
+        ("LlamaFeedForward", "w_gate_hidden"),
+    }
+    assert report.absent_classes == []
+
+    modes = modes_for_network(mapping, llama_cells)
+    for layer in (0, 1):
+        prefix = f"model.layers.{layer}"
+        assert modes[f"{prefix}.attention"].input_modes[0] == "in"
+        assert modes[f"{prefix}.attention.wq"].bench_name == "linear_q"
+        assert modes[f"{prefix}.attention.wo"].bench_name == "linear_proj"
+        assert modes[f"{prefix}.feed_forward.w2"].bench_name == "linear_fc2"
+        assert modes[f"{prefix}.attention_norm"].bench_name == "input_layernorm"
+    assert modes["lm_head"].bench_name == "output_layer"
+    assert modes["model.norm_out"].bench_name == "decoder.final_layernorm"
+    assert modes["model.tok_embeddings"].bench_name == "embedding.word_embeddings"
+    uncovered = {(u.class_name, u.child) for u in report.uncovered}
+    assert ("LlamaForCausalLM", "loss") in uncovered
+
+
+def test_wrong_user_file_against_tiny_llama(tmp_path, llama_cells):
+    user = write(
+        tmp_path,
+        """\
+        LLamaAttention:
+          w_q: linear_q([in], [out])      # real name: wq
+        LLamaDecodeLayer:
+          feedforward: mlp([in])          # real name: feed_forward
+        TopLayer:
+          model.layer.0.attention: x()    # real name: model.layers.0.attention
+        """,
+    )
+    mapping = resolve_mapping(("llama", user), {cls for _, cls in llama_cells})
+    report = check_mapping(mapping, llama_cells)
+    assert report.has_problems
+    found = {(p.section, p.key): p for p in report.problems}
+    assert set(found) == {
+        ("LLamaAttention", "w_q"),
+        ("LLamaDecodeLayer", "feedforward"),
+        ("TopLayer", "model.layer.0.attention"),
+    }
+    assert "wq" in found[("LLamaAttention", "w_q")].suggestions
+    assert found[("LLamaDecodeLayer", "feedforward")].suggestions[0] == "feed_forward"
+    assert found[("TopLayer", "model.layer.0.attention")].suggestions[0] == "model.layers.0.attention"
+    assert found[("LLamaAttention", "w_q")].entry.line == 2
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def run_cli(argv):
+    parser = argparse.ArgumentParser(prog="mf-celldump")
+    mapping_cli.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_list_and_show(capsys, tmp_path):
+    assert run_cli(["mapping", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "llama: " in out and "LLamaAttention" in out and "mcore_gpt: " in out
+
+    assert run_cli(["mapping", "show", "llama"]) == 0
+    out = capsys.readouterr().out
+    assert "wq -> linear_q  inputs: in  outputs: out  [bundled/llama.yaml:" in out
+
+    user = write(tmp_path, "TopLayer:\n  a.b: x()\n")
+    assert run_cli(["mapping", "show", user]) == 0
+    assert "a.b -> x  inputs: -  outputs: -" in capsys.readouterr().out
+    assert run_cli(["mapping", "show", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_cli_check_syntax_only(capsys, tmp_path):
+    good = write(tmp_path, "A:\n  b: c([in])\n", "good.yaml")
+    bad = write(tmp_path, "A:\n  b: c([in]\n", "bad.yaml")
+    assert run_cli(["mapping", "check", good, "llama"]) == 0
+    assert "ok: " in capsys.readouterr().out
+    assert run_cli(["mapping", "check", good, bad]) == 1
+    out = capsys.readouterr().out
+    assert f"{bad}:2: A: 'b': bad entry 'c([in]'" in out
+    assert run_cli(["mapping", "check", str(tmp_path / "nope.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_cli_check_against_model(capsys, tmp_path, tiny_llama):
+    assert run_cli(["mapping", "check", "auto", "--model", "tiny-llama"]) == 0
+    out = capsys.readouterr().out
+    assert "0 problems" in out and "w_qkv" in out
+
+    wrong = write(tmp_path, "LLamaAttention:\n  w_q: q()\n")
+    assert run_cli(["mapping", "check", "llama", wrong, "--model", "tiny-llama"]) == 1
+    out = capsys.readouterr().out
+    assert "child 'w_q' matches no cell (nearest: wq" in out
+
+    spec = f"{__name__}:ToyModel"
+    assert run_cli(["mapping", "check", "auto", "--model", spec]) == 0
+    assert "bundled/mcore_gpt.yaml" in capsys.readouterr().out
+    assert run_cli(["mapping", "check", "auto", "--model", "no_such_module_xyz:make"]) == 2
+    assert "cannot import" in capsys.readouterr().err
+    assert run_cli(["mapping", "check", "auto", "--model", "nocolon"]) == 2
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["mf_celldump.cli", "mapping"], ["mf_celldump.mapping.cli"]],
+    ids=["mf-celldump", "standalone"],
+)
+def test_cli_as_subprocess(tmp_path, command):
+    bad = write(tmp_path, "A:\n  b: c([sideways])\n", "bad.yaml")
+    good = write(tmp_path, "A:\n  b: c([in])\n", "good.yaml")
+    run = [sys.executable, "-m", *command, "check"]
+    result = subprocess.run([*run, bad], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "bad.yaml:2: A: 'b': bad entry 'c([sideways])'" in result.stdout
+    assert "unknown mode 'sideways'" in result.stdout
+    result = subprocess.run([*run, good], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([*run, "nope.yaml"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and "not found: nope.yaml" in result.stderr
+
+
+def test_bundled_mcore_matches_real_mcore_models(tmp_path):
+    """tiny Qwen3 and DeepSeek-V3 (mcore) need a process each: they switch MindFormers to use_legacy=False."""
+    procs = {
+        model: subprocess.Popen(
+            [sys.executable, "-m", "mf_celldump.mapping.cli", "check", "auto", "--model", model],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        for model in ("tiny-qwen3", "tiny-deepseek3")
+    }
+    reports = {}
+    for model, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{model}: {err[-2000:]}\n{out[-2000:]}"
+        reports[model] = out[out.index("layer mapping from: bundled/mcore_gpt.yaml") :]
+    qwen3, deepseek3 = reports["tiny-qwen3"], reports["tiny-deepseek3"]
+    assert "0 problems" in qwen3 and "0 problems" in deepseek3
+    # Qwen3 has no MTP; everything else it builds is matched
+    bundled_unmatched = [line for line in qwen3.splitlines() if "matches no cell" in line]
+    assert len(bundled_unmatched) == 1 and "GPTModel: child 'mtp'" in bundled_unmatched[0]
+    assert "matches no cell" not in deepseek3  # MLA, MoE, shared experts and MTP all match
+    assert not list(tmp_path.iterdir())  # MindFormers' ./output went to a temporary directory
