@@ -40,15 +40,20 @@ def ensure_dir(path: str) -> str:
     return path
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
+def atomic_write_bytes(path: str, data: bytes, fsync: bool = True) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place.
+
+    ``fsync=False`` skips the flush to stable storage: the file is still never seen
+    half-written by a reader, but a power loss may lose it.
+    """
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:

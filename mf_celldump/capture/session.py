@@ -202,6 +202,7 @@ class CellDump:
             return
         step = self.runtime.step
         _synchronize(self.device)
+        self.backend.finish_step()
         self.runtime.stop_step()
         self.writer.finish_step(step)
         self.captured_steps.append(step)

@@ -34,14 +34,19 @@ class RawWriter:
         raw_root = ensure_dir(safe_join(dump_path, naming.RAW_ROOT))
         self.rank_dir = ensure_dir(safe_join(raw_root, naming.raw_rank_dir_name(rank)))
         self._records: Dict[int, TextIO] = {}
+        self._step_dirs: Dict[int, str] = {}
         self._lock = threading.Lock()
 
     # -- layout --------------------------------------------------------------------
     def step_dir(self, step: int) -> str:
-        return safe_join(self.rank_dir, naming.step_dir_name(step))
+        path = self._step_dirs.get(step)
+        if path is None:
+            path = self._step_dirs[step] = safe_join(self.rank_dir, naming.step_dir_name(step))
+        return path
 
     def prepare_step(self, step: int) -> str:
         """Create the step folder; unprocessed data of an earlier run is moved aside, never deleted."""
+        self._step_dirs.pop(step, None)  # checked afresh: the folder may have been replaced
         path = self.step_dir(step)
         if os.path.isdir(path) and os.listdir(path):
             aside = f"{path}.earlier-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -64,7 +69,9 @@ class RawWriter:
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(array), allow_pickle=False)
         name = naming.raw_tensor_file_name(key, dtype_name, seq)
-        atomic_write_bytes(safe_join(self.step_dir(step), name), buffer.getvalue())
+        # No fsync per file: the rename alone keeps a killed run readable; the step
+        # marker written at the end of the step is fsynced.
+        atomic_write_bytes(os.path.join(self.step_dir(step), name), buffer.getvalue(), fsync=False)
 
     def append_record(self, step: int, record: dict) -> None:
         line = json.dumps(record, separators=(",", ":")) + "\n"
