@@ -1,0 +1,66 @@
+"""One captured value of one cell call, whatever raw source it came from."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+from mf_celldump.naming import ProbeKey
+
+
+class Capture:
+    """A value captured at ``seq``: from a raw file (``file``: its name in the step folder),
+    a records.jsonl line or a csv row.
+
+    ``dtype``/``shape``/``stats``/``value`` are known up front for records and csv rows and
+    filled in from the file otherwise. Slots keep the per-capture cost to metadata size.
+    """
+
+    __slots__ = (
+        "seq",
+        "order",
+        "key",
+        "origin",
+        "file",
+        "file_dtype",
+        "dtype",
+        "shape",
+        "stats",
+        "value",
+        "call",
+        "data_name",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        order: int,
+        key: ProbeKey,
+        origin: str,
+        file: Optional[str] = None,
+        file_dtype: Optional[str] = None,
+        dtype: Optional[str] = None,
+        shape: Optional[Tuple[int, ...]] = None,
+        stats: Optional[Dict[str, object]] = None,
+        value: object = None,
+    ):
+        self.seq = seq
+        self.order = order
+        self.key = key
+        self.origin = origin
+        self.file = file
+        self.file_dtype = file_dtype
+        self.dtype = dtype
+        self.shape = shape
+        self.stats = stats
+        self.value = value
+        self.call: Optional[int] = key.call
+        self.data_name: Optional[str] = None  # set when the capture is kept for the output
+
+    @property
+    def probe(self) -> Tuple[int, str, str, Tuple[int, ...]]:
+        """What repeats once per call of the cell: (cell, direction, slot, index path)."""
+        return (self.key.cell_id, self.key.direction, self.key.slot, self.key.path)
+
+    @property
+    def sort_key(self) -> Tuple[int, int]:
+        return (self.seq, self.order)

@@ -1,0 +1,113 @@
+"""From captures to msprobe entries: call numbering, grouping, execution order, parents.
+
+Everything here is sorting and dictionary work, O(n log n) in the number of captures.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from mf_celldump import naming
+from mf_celldump.processing.captures import Capture
+from mf_celldump.processing.manifest import CellInfo
+
+
+@dataclass
+class Entry:
+    """One call of one cell in one direction: ``Cell.{name}.{Class}.{direction}.{call}``."""
+
+    cell: CellInfo
+    direction: str
+    call: int
+    name: str
+    first: Tuple[int, int]
+    captures: List[Capture] = field(default_factory=list)
+    parent: Optional[str] = None
+
+
+def assign_calls(captures: List[Capture]) -> None:
+    """Number calls where the raw name says ``nx`` (docs/raw-format.md, "Call index inference").
+
+    Per probe (cell, direction, slot, path): forward, the k-th occurrence in execution
+    order is call k; backward, the k-th counted from the end is call k, so that
+    ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order.
+    """
+    unknown: Dict[tuple, List[Capture]] = {}
+    for capture in captures:
+        if capture.key.call is None:
+            unknown.setdefault(capture.probe, []).append(capture)
+        else:
+            capture.call = capture.key.call
+    for probe, group in unknown.items():
+        group.sort(key=lambda c: c.sort_key)
+        if probe[1] == naming.BACKWARD:
+            group.reverse()
+        for call, capture in enumerate(group):
+            capture.call = call
+
+
+def group_entries(captures: List[Capture], cells: Dict[int, CellInfo], problems: List[str]) -> List[Entry]:
+    """Entries in execution order (order of their first capture); unknown cells are problems."""
+    entries: Dict[Tuple[int, str, int], Entry] = {}
+    unknown_cells: Dict[int, int] = {}
+    for capture in captures:
+        cell = cells.get(capture.key.cell_id)
+        if cell is None:
+            unknown_cells[capture.key.cell_id] = unknown_cells.get(capture.key.cell_id, 0) + 1
+            continue
+        ident = (cell.cell_id, capture.key.direction, capture.call)
+        entry = entries.get(ident)
+        if entry is None:
+            name = naming.entry_name(cell.name, cell.class_name, capture.key.direction, capture.call)
+            entry = entries[ident] = Entry(cell, capture.key.direction, capture.call, name, capture.sort_key)
+        elif capture.sort_key < entry.first:
+            entry.first = capture.sort_key
+        entry.captures.append(capture)
+    for cell_id, count in sorted(unknown_cells.items()):
+        problems.append(
+            f"{count} capture(s) of cell id {cell_id}, which manifest.json does not list; skipped"
+        )
+    ordered = sorted(entries.values(), key=lambda e: (e.first, e.name))
+    for entry in ordered:
+        entry.captures.sort(key=lambda c: c.sort_key)
+    return ordered
+
+
+def _ancestor_names(name: str):
+    """``a.b.c`` -> ``a.b``, ``a``, then the root cell's empty name."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts) - 1, -1, -1):
+        yield ".".join(parts[:i])
+
+
+def link_parents(entries: List[Entry]) -> None:
+    """Set each entry's parent: the nearest captured ancestor cell's call in the same direction.
+
+    Walking up the dotted name skips names that are not captured cells, which covers a
+    CellList/SequentialCell member (``model.layers.3`` -> ``model``). Of the ancestor's
+    calls the one chosen is the last whose first capture precedes the child's first capture.
+    """
+    calls: Dict[Tuple[str, str], List[Entry]] = {}
+    for entry in entries:  # already in execution order
+        calls.setdefault((entry.direction, entry.cell.name), []).append(entry)
+    starts = {key: [e.first for e in group] for key, group in calls.items()}
+    parent_cell: Dict[Tuple[str, str], Optional[str]] = {}
+    for entry in entries:
+        lookup = (entry.direction, entry.cell.name)
+        if lookup not in parent_cell:
+            found = None
+            if entry.cell.name:
+                for candidate in _ancestor_names(entry.cell.name):
+                    if (entry.direction, candidate) in calls:
+                        found = candidate
+                        break
+            parent_cell[lookup] = found
+        ancestor = parent_cell[lookup]
+        if ancestor is None:
+            entry.parent = None
+            continue
+        key = (entry.direction, ancestor)
+        index = bisect.bisect_left(starts[key], entry.first) - 1
+        entry.parent = calls[key][max(index, 0)].name

@@ -1,0 +1,140 @@
+"""The three msprobe JSON files of one output rank folder, built from entries.
+
+``dump.json`` is streamed one entry per line with the C JSON encoder: it stays fast for
+100k tensors, and NaN/Infinity are written as Python's json (and msprobe, which loads
+with it) read them back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from mf_celldump import naming
+from mf_celldump.dtypes import mindspore_dtype_name
+from mf_celldump.processing.captures import Capture
+from mf_celldump.processing.entries import Entry
+
+TENSOR_TYPE = "mindspore.Tensor"
+# A position nobody captured (an argument capture could not represent): msprobe reads null as
+# "no data" and keeps the numbering of the following arguments.
+GAP = None
+
+
+def label_of(capture: Capture, params: Tuple[str, ...]) -> str:
+    """Index label of a capture in its data file name: ``1.0``, or ``mask`` for a keyword input."""
+    key = capture.key
+    if key.slot == naming.SLOT_KWARG:
+        return naming.arg_label(key.path, kwarg_name(key.path[0], params))
+    return naming.arg_label(key.path)
+
+
+def kwarg_name(index: int, params: Tuple[str, ...]) -> str:
+    return params[index] if 0 <= index < len(params) else f"kwarg{index}"
+
+
+def record_of(capture: Capture, data_name: Optional[str]) -> Optional[dict]:
+    """The dump.json leaf for one capture (None when its file could not be read)."""
+    kind = capture.key.vkind
+    if kind != naming.VKIND_TENSOR:
+        return {"type": naming.VKIND_TYPE_NAMES[kind], "value": capture.value}
+    if capture.shape is None:
+        return None
+    dtype = capture.dtype or mindspore_dtype_name(capture.file_dtype or "")
+    record = {"type": TENSOR_TYPE, "dtype": dtype, "shape": list(capture.shape)}
+    record.update(capture.stats or {})
+    if data_name is not None:
+        record["data_name"] = data_name
+    return record
+
+
+def _nest(pairs: List[Tuple[Tuple[int, ...], object]]) -> list:
+    """Build nested lists from (index path, leaf) pairs; numeric order, gaps kept as GAP."""
+    heads: Dict[int, List[Tuple[Tuple[int, ...], object]]] = {}
+    for path, leaf in pairs:
+        heads.setdefault(path[0], []).append((path[1:], leaf))
+    out = []
+    for index in range(max(heads) + 1):
+        group = heads.get(index)
+        if group is None:
+            out.append(GAP)
+            continue
+        nested = [(rest, leaf) for rest, leaf in group if rest]
+        if nested:
+            out.append(_nest(nested))
+        else:
+            out.append(group[0][1])
+    return out
+
+
+def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
+    """``input_args``/``input_kwargs``/``output`` of one entry; ``leaves`` maps id(capture) -> leaf."""
+    params = entry.cell.params
+    args: List[Tuple[Tuple[int, ...], object]] = []
+    kwargs: Dict[str, List[Tuple[Tuple[int, ...], object]]] = {}
+    outputs: List[Tuple[Tuple[int, ...], object]] = []
+    backward_kwargs: List[Tuple[Tuple[int, ...], object]] = []
+    for capture in entry.captures:
+        leaf = leaves.get(id(capture), GAP)
+        if id(capture) not in leaves:
+            continue
+        key = capture.key
+        io = key.msprobe_io
+        if key.slot == naming.SLOT_KWARG and io == "input":
+            kwargs.setdefault(kwarg_name(key.path[0], params), []).append((key.path[1:], leaf))
+        elif key.slot == naming.SLOT_KWARG:
+            backward_kwargs.append((key.path, leaf))
+        elif io == "input":
+            args.append((key.path, leaf))
+        else:
+            outputs.append((key.path, leaf))
+    body: dict = {"input_args": _nest(args) if args else [], "input_kwargs": {}, "output": []}
+    for name in sorted(kwargs, key=lambda n: params.index(n) if n in params else len(params)):
+        pairs = kwargs[name]
+        body["input_kwargs"][name] = (
+            pairs[0][1] if len(pairs) == 1 and not pairs[0][0] else _nest([p for p in pairs if p[0]])
+        )
+    output = _nest(outputs) if outputs else []
+    for _, leaf in sorted(backward_kwargs, key=lambda p: p[0]):
+        output.append(leaf)
+    body["output"] = output
+    return body
+
+
+def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, dict]]) -> Iterable[str]:
+    """dump.json as text chunks, one entry per line."""
+    head = {"task": task, "level": "L0", "framework": "mindspore", "dump_data_dir": data_dir}
+    yield "{\n"
+    for key, value in head.items():
+        yield f" {json.dumps(key)}: {json.dumps(value)},\n"
+    yield ' "data": {'
+    first = True
+    for name, body in bodies:
+        yield ("\n  " if first else ",\n  ") + json.dumps(name) + ": " + json.dumps(body)
+        first = False
+    yield "\n }\n}\n"
+
+
+def construct_json(entries: List[Entry]) -> str:
+    return _one_per_line((e.name, e.parent) for e in entries)
+
+
+def stack_json(entries: List[Entry]) -> str:
+    """Where each cell's class is defined; msprobe only needs the file to exist."""
+    return _one_per_line((e.name, _stack_lines(e)) for e in entries)
+
+
+def _stack_lines(entry: Entry) -> List[str]:
+    cell = entry.cell
+    if not cell.file:
+        return [f"{cell.module}.{cell.class_name}"] if cell.module else []
+    line = cell.line if cell.line is not None else 0
+    where = f"{cell.module}.{cell.class_name}" if cell.module else cell.class_name
+    return [f"File {cell.file}, line {line}, in {where}"]
+
+
+def _one_per_line(items: Iterable[Tuple[str, object]]) -> str:
+    parts = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in items]
+    if not parts:
+        return "{}\n"
+    return "{\n " + ",\n ".join(parts) + "\n}\n"
