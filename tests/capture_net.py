@@ -1,7 +1,8 @@
 """A small network with every shape of call the capture engine must handle.
 
 - ``split`` returns a tuple;
-- ``gate`` takes a non-tensor positional input and a keyword tensor argument;
+- ``gate`` takes a non-tensor positional input, a tensor passed by keyword and a
+  keyword-only float;
 - ``shared`` is called twice per step;
 - ``layers`` is a CellList.
 Weights are deterministic so runs can be compared bit for bit.
@@ -27,8 +28,8 @@ class Gate(nn.Cell):
         super().__init__()
         self.lin = nn.Dense(8, 8)
 
-    def construct(self, x, scale, gate=None):
-        y = self.lin(x) * scale
+    def construct(self, x, scale, gate=None, *, shift=0.0):
+        y = self.lin(x) * scale + shift
         if gate is not None:
             y = y * ops.sigmoid(gate)
         return y
@@ -47,7 +48,7 @@ class Net(nn.Cell):
     def construct(self, x):
         h = self.embed(x)
         a, b = self.split(h)
-        h = self.gate(a, 2, gate=b)
+        h = self.gate(a, 2, gate=b, shift=0.5)
         h = self.shared(self.act(self.shared(h)))
         for layer in self.layers:
             h = layer(h)

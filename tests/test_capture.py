@@ -72,7 +72,7 @@ def _expected_keys():
     for name, calls in cn.CALLS_PER_STEP.items():
         for call in range(calls):
             outputs = [(0,), (1,)] if name == "split" else [(0,)]
-            tensor_inputs = [("a", (0,))] + ([("k", (2,))] if name == "gate" else [])
+            tensor_inputs = [("a", (0,))] + ([("a", (2,))] if name == "gate" else [])
             for path in outputs:
                 keys.add((name, "forward", "o", path, call))
                 keys.add((name, "backward", "o", path, call))
@@ -82,6 +82,7 @@ def _expected_keys():
                     keys.add((name, "backward", slot, path, call))
             if name == "gate":
                 keys.add((name, "forward", "a", (1,), call))  # the int 2
+                keys.add((name, "forward", "k", (3,), call))  # keyword-only shift=0.5
     return keys
 
 
@@ -104,6 +105,7 @@ def test_every_record_and_value(tmp_path, mode, backend):
         records = read_step(step_dir, manifest)
         assert set(records) == expected, f"step {step}: {set(records) ^ expected}"
         assert records[("gate", "forward", "a", (1,), 0)]["value"] == 2
+        assert records[("gate", "forward", "k", (3,), 0)]["value"] == 0.5
         _check_forward_values(records, weights[step])
         _check_backward_values(records, weights[step])
 
@@ -119,7 +121,8 @@ def _inputs(records, name, call):
     kwargs = {}
     if name == "gate":
         args.append(records[(name, "forward", "a", (1,), call)]["value"])
-        kwargs["gate"] = Tensor(records[(name, "forward", "k", (2,), call)])
+        kwargs["gate"] = Tensor(records[(name, "forward", "a", (2,), call)])
+        kwargs["shift"] = records[(name, "forward", "k", (3,), call)]["value"]
     return args, kwargs
 
 
@@ -151,8 +154,8 @@ def _check_backward_values(records, weights):
             douts = [Tensor(d) for d in _outputs(records, name, call, "backward")]
             tensor_kw = kwargs.get("gate")
 
-            def weighted(x, gate=None, _cell=cell, _args=args, _douts=douts):
-                call_kwargs = {"gate": gate} if gate is not None else {}
+            def weighted(x, gate=None, _cell=cell, _args=args, _kwargs=kwargs, _douts=douts):
+                call_kwargs = dict(_kwargs, gate=gate) if gate is not None else dict(_kwargs)
                 out = _cell(x, *_args[1:], **call_kwargs)
                 out = out if isinstance(out, tuple) else (out,)
                 return sum((o * d).sum() for o, d in zip(out, _douts))
@@ -161,7 +164,7 @@ def _check_backward_values(records, weights):
                 continue  # its input has no gradient
             if tensor_kw is not None:
                 gx, gk = ms.grad(weighted, grad_position=(0, 1))(args[0], tensor_kw)
-                np.testing.assert_allclose(records[(name, "backward", "k", (2,), call)], gk.asnumpy(),
+                np.testing.assert_allclose(records[(name, "backward", "a", (2,), call)], gk.asnumpy(),
                                            rtol=1e-5, atol=1e-6)
             else:
                 gx = ms.grad(weighted, grad_position=0)(args[0])

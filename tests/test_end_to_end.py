@@ -42,7 +42,7 @@ def _leaf_count(rank_dir):
     count = 0
     for body in data.values():
         for value in list(body["input_args"]) + list(body["input_kwargs"].values()) + list(body["output"]):
-            count += value.get("type") == "mindspore.Tensor"
+            count += value is not None and value.get("type") == "mindspore.Tensor"
     return count
 
 

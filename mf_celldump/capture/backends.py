@@ -156,7 +156,6 @@ class HostBackend(_BackendBase):
             return dout
 
         grad_op = ops.Custom(backward_body, out_shape=same_shape, out_dtype=same_dtype, func_type="pyfunc")
-        grad_op.add_prim_attr("side_effect_io", True)
         zeros_like = ops.zeros_like
 
         if backward_enabled:
@@ -172,8 +171,11 @@ class HostBackend(_BackendBase):
         probe_op = ops.Custom(
             forward_body, out_shape=same_shape, out_dtype=same_dtype, func_type="pyfunc", bprop=bprop
         )
-        probe_op.add_prim_attr("side_effect_io", True)
         self._probe_op = probe_op
+        # Non-tensor values: the op's output is unused, so only side_effect_io keeps it.
+        value_op = ops.Custom(forward_body, out_shape=same_shape, out_dtype=same_dtype, func_type="pyfunc")
+        value_op.add_prim_attr("side_effect_io", True)
+        self._value_op = value_op
 
     # -- executed inside the capture op ------------------------------------------
     def _emit(self, data, key, direction: str) -> None:
@@ -220,7 +222,7 @@ class HostBackend(_BackendBase):
     def graph_probe_function(self) -> Callable:
         from mindspore import Tensor
 
-        probe_op = self._probe_op
+        probe_op, value_op = self._probe_op, self._value_op
         forward_enabled = self.config.captures_forward
         int32, int64, float32, bool_ = _int32(), _int64(), _float32(), _bool()
         _graph_key_codes = _make_graph_key_codes()
@@ -228,15 +230,16 @@ class HostBackend(_BackendBase):
         def graph_probe(value, head, path, use_in):
             if isinstance(value, Tensor):
                 return probe_op(value, Tensor(_graph_key_codes(head, 0, path, value.dtype), int32))
+            # A None argument is not recorded in graph mode: with MindSpore 2.9 a capture op
+            # for a None keyword argument makes the compiler lose the structure of the
+            # call's output (seen with MindFormers' FreqsMgr). PyNative records None.
             if forward_enabled:
-                if value is None:
-                    probe_op(Tensor(0, int32), Tensor(_graph_key_codes(head, 4, path, None), int32))
-                elif isinstance(value, bool):
-                    probe_op(Tensor(value, bool_), Tensor(_graph_key_codes(head, 3, path, None), int32))
+                if isinstance(value, bool):
+                    value_op(Tensor(value, bool_), Tensor(_graph_key_codes(head, 3, path, None), int32))
                 elif isinstance(value, int):
-                    probe_op(Tensor(value, int64), Tensor(_graph_key_codes(head, 1, path, None), int32))
+                    value_op(Tensor(value, int64), Tensor(_graph_key_codes(head, 1, path, None), int32))
                 elif isinstance(value, float):
-                    probe_op(Tensor(value, float32), Tensor(_graph_key_codes(head, 2, path, None), int32))
+                    value_op(Tensor(value, float32), Tensor(_graph_key_codes(head, 2, path, None), int32))
             return value
 
         return graph_probe

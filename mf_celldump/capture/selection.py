@@ -37,6 +37,7 @@ WRAPPER_CLASSES = {
     "WithLossCell": "_backbone",
     "WithGradCell": "network",
     "_DataWrapper": "network",
+    "DataOrderWrapperCell": "network",  # MindFormers 1.x puts it around the model
     "_TrainGradAccuStepCell": "network",
     "_TrainPipelineAccuStepCell": "network",
 }

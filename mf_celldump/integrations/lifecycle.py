@@ -1,0 +1,183 @@
+"""Drives one capture through a training run, whatever trainer calls it.
+
+The MindSpore callback API and MindFormers 2.0's PyNative trainer API differ only in
+how they say "training starts", "step N starts/ends" and "training ends"; both feed
+this object. It attaches once (whoever comes first: the compile hook or
+``on_train_begin``), processes every captured step as soon as it is complete, and at
+the end detaches and logs where the output is. On failure the step that was running
+is left raw (it is incomplete) and everything complete is processed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from mf_celldump.config import DumpConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    """What one run left on disk for this rank (logged at the end of training)."""
+
+    rank: Optional[int] = None
+    dump_path: Optional[str] = None
+    captured_steps: List[int] = field(default_factory=list)
+    processed_steps: List[int] = field(default_factory=list)
+    outputs: List[str] = field(default_factory=list)  # step folders, relative to dump_path
+    entries: int = 0
+    files: int = 0
+    empty_steps: List[int] = field(default_factory=list)
+    unfinished_step: Optional[int] = None
+    problems: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    def add_report(self, report: Any) -> List[int]:
+        """Fold a processing report (``ProcessingReport``) into the run totals; returns empty steps."""
+        empty = []
+        for outcome in getattr(report, "processed", []):
+            if outcome.step not in self.processed_steps:
+                self.processed_steps.append(outcome.step)
+                self.outputs.append(outcome.output)
+            self.entries += outcome.entries
+            self.files += outcome.files
+            if outcome.entries == 0 and outcome.step not in self.empty_steps:
+                self.empty_steps.append(outcome.step)
+                empty.append(outcome.step)
+        self.problems.extend(getattr(report, "all_problems", []))
+        return empty
+
+    def text(self) -> str:
+        steps = ",".join(str(s) for s in sorted(self.processed_steps)) or "none"
+        lines = [
+            f"mf_celldump: rank {self.rank}: captured steps "
+            f"{','.join(str(s) for s in self.captured_steps) or 'none'}; processed {steps} "
+            f"({self.entries} entries, {self.files} files) under {self.dump_path}"
+        ]
+        if self.outputs:
+            lines.append("  output: " + ", ".join(sorted(self.outputs)))
+        if self.empty_steps:
+            lines.append(f"  steps with no captured cell: {','.join(str(s) for s in self.empty_steps)}")
+        if self.unfinished_step is not None:
+            lines.append(
+                f"  step {self.unfinished_step} did not finish: its raw data stays in {self.dump_path}/_raw "
+                f"(`mf-celldump process {self.dump_path}` processes what is there)"
+            )
+        lines.extend(f"  note: {n}" for n in self.notes)
+        if self.problems:
+            lines.append(f"  {len(self.problems)} problem(s):")
+            lines.extend(f"    - {p}" for p in self.problems[:20])
+        return "\n".join(lines)
+
+
+class DumpLifecycle:
+    """Attach-once / step / finish logic shared by every trainer integration."""
+
+    def __init__(self, config: DumpConfig):
+        self.config = config
+        self.dump = None  # CellDump once attached
+        self.open_step: Optional[int] = None
+        self.finished = False
+        self.summary = RunSummary()
+
+    @property
+    def attached(self) -> bool:
+        return self.dump is not None and self.dump.attached
+
+    def ensure_attached(self, network, *, initial_step: int = 0, output_dir: Optional[str] = None,
+                        origin: str = "") -> Any:
+        """Attach to ``network`` unless this run already did; returns the handle."""
+        if self.dump is not None:
+            return self.dump
+        from mf_celldump.capture.session import AttachError, attach, find_attached
+
+        existing = find_attached(network)
+        if existing is not None:
+            raise AttachError(
+                f"mf_celldump: a dump is already attached to this network ({existing!r}), by attach() "
+                "or another CellDumpCallback. Use one of them: pass the callback alone, or call "
+                "detach() on the other handle before training."
+            )
+        self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)
+        self.summary.rank = self.dump.rank
+        self.summary.dump_path = self.dump.dump_path
+        logger.info("mf_celldump: capture attached%s (first step %d)", f" at {origin}" if origin else "",
+                    initial_step)
+        return self.dump
+
+    # -- steps -------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        if self.dump is None or self.finished:
+            return
+        if self.open_step is not None:
+            self.end_step()
+        self.dump.begin_step(step)
+        self.open_step = step
+
+    def end_step(self) -> None:
+        """The open step's outputs are materialised: complete it, and process it if captured."""
+        if self.dump is None or self.open_step is None:
+            return
+        step, self.open_step = self.open_step, None
+        before = len(self.dump.captured_steps)
+        self.dump.end_step()
+        if len(self.dump.captured_steps) > before and self.config.process_on_train_end:
+            self._process([step])
+
+    # -- end of training -----------------------------------------------------------------
+    def finish(self, failed: bool = False) -> Optional[RunSummary]:
+        """Detach and process what is complete. Idempotent; never raises on a failed run."""
+        if self.finished:
+            return None
+        self.finished = True
+        if self.dump is None:
+            return None
+        try:
+            if self.open_step is not None:
+                if failed:
+                    # The step never finished: keep its raw data and do not mark it complete
+                    # (detach would otherwise complete the step that is still active).
+                    if self.dump.runtime.active:  # a selected step: it has raw data
+                        self.summary.unfinished_step = self.open_step
+                    self.dump.runtime.stop_step()
+                    self.open_step = None
+                else:
+                    self.end_step()
+            self.dump.detach()
+            self.summary.captured_steps = list(self.dump.captured_steps)
+            if not self.dump.runtime.rank_selected:
+                self.summary.notes.append(
+                    f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured"
+                )
+            remaining = [s for s in self.summary.captured_steps if s not in self.summary.processed_steps]
+            if self.config.process_on_train_end:
+                if remaining:  # e.g. processing failed earlier: try once more
+                    self._process(remaining)
+            elif remaining:
+                self.summary.notes.append(
+                    "process_on_train_end is false: run `mf-celldump process "
+                    f"{self.dump.dump_path}` to produce the msprobe layout"
+                )
+        except Exception as err:  # never hide the training outcome behind a dump problem
+            if not failed:
+                raise
+            logger.exception("mf_celldump: could not finish the dump after the training failure: %s", err)
+        logger.info("%s", self.summary.text())
+        return self.summary
+
+    def _process(self, steps) -> None:
+        try:
+            report = self.dump.process(steps=steps)
+        except Exception as err:  # processing problems must not stop training
+            logger.exception("mf_celldump: processing steps %s failed: %s", steps or "remaining", err)
+            self.summary.problems.append(f"processing of steps {steps or 'remaining'} failed: {err}")
+            return
+        for step in self.summary.add_report(report):
+            logger.warning(
+                "mf_celldump: step %d was captured but no cell call reached the capture. If the graph "
+                "was compiled before capture was attached (network.compile, Model.build outside the "
+                "callback's hook), the wrapped cells are ignored: attach before the first compile.", step,
+            )

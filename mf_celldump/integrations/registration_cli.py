@@ -1,0 +1,49 @@
+"""``mf-celldump register-path``: print the directory to pass to ``run_mindformer.py --register_path``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+REGISTRATION_MODULE = "celldump_callback"
+CALLBACK_CLASS = "CellDumpCallback"
+
+
+def registration_dir() -> str:
+    """Directory of the file that YAML ``auto_register: celldump_callback.CellDumpCallback`` loads."""
+    # Located without importing the package's registration module (which imports MindSpore).
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(here), "registration")
+
+
+def add_cli(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "register-path",
+        help="print the directory for run_mindformer.py --register_path",
+        description=(
+            "Print the directory that holds the MindFormers registration file of CellDumpCallback. "
+            "Pass it as `run_mindformer.py --register_path DIR` (or export REGISTER_PATH=DIR) and add "
+            f"`auto_register: {REGISTRATION_MODULE}.{CALLBACK_CLASS}` to the callback entry."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--yaml", action="store_true",
+                        help="print a ready-to-paste YAML callback entry instead of the directory")
+    parser.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    path = registration_dir()
+    if not os.path.isfile(os.path.join(path, REGISTRATION_MODULE + ".py")):
+        print(f"error: registration file missing under {path}; reinstall mf_celldump", file=sys.stderr)
+        return 1
+    if args.yaml:
+        print("callbacks:")
+        print(f"  - type: {CALLBACK_CLASS}")
+        print(f"    auto_register: {REGISTRATION_MODULE}.{CALLBACK_CLASS}")
+        print("    steps: \"0-2\"")
+        print(f"# run with: --register_path {path}")
+    else:
+        print(path)
+    return 0
