@@ -381,3 +381,20 @@ def test_graph_tensordump_path_compiles_up_to_the_ascend_kernel(tmp_path):
     with pytest.raises(RuntimeError, match=r"Unsupported op \[TensorDump\] on CPU"):
         train(cn.make_input())
     dump.detach()
+
+
+def test_a_step_that_raises_is_left_raw_and_unfinished(tmp_path):
+    cn.set_mode("pynative")
+    net = cn.make_net()
+    dump = mf_celldump.attach(net, {"dump_path": str(tmp_path), "task": "tensor"})
+    with dump.step(0):
+        net(cn.make_input())
+    with pytest.raises(ValueError, match="boom"), dump.step(1):
+        net(cn.make_input())
+        raise ValueError("boom")
+    dump.detach()
+    assert dump.captured_steps == [0]
+    _, steps = _raw_steps(str(tmp_path))
+    assert os.path.exists(os.path.join(steps[0], naming.STEP_DONE_FILE))
+    assert not os.path.exists(os.path.join(steps[1], naming.STEP_DONE_FILE))
+    assert [f for f in os.listdir(steps[1]) if f.endswith(".npy")]

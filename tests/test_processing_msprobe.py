@@ -60,6 +60,8 @@ def build(dump, task="tensor", perturb=None):
         s.tensor(layer, naming.FORWARD, naming.SLOT_OUTPUT, (1, 0), extra)
     else:
         s.record(layer, naming.FORWARD, naming.SLOT_KWARG, (2,), array=extra)
+        special = {"Max": float("inf"), "Min": float("-inf"), "Mean": float("nan"), "Norm": float("nan")}
+        s.record(layer, naming.FORWARD, naming.SLOT_OUTPUT, (2,), array=extra, stats=special)
     s.record(layer, naming.FORWARD, naming.SLOT_ARG, (1,), kind=naming.VKIND_INT, value=3)
     s.done(0)
     report = process_dump(dump, jobs=1)
@@ -123,10 +125,16 @@ def test_compare_flags_exactly_the_perturbed_cell(tmp_path):
 def test_compare_identical_statistics_dumps(tmp_path):
     dump, rows = _compare(tmp_path, "statistics")
     tensor_rows = [r for r in rows if r["NPU Dtype"] == "Float32"]
-    assert len(tensor_rows) == _tensor_leaves(dump) == 2 * 27 * 2 + 1
+    assert len(tensor_rows) == _tensor_leaves(dump) == 2 * 27 * 2 + 2
+    special = "Cell.model.layers.0.LLamaDecodeLayer.forward.0.output.2"
+    with open(os.path.join(dump, "step0", "rank", naming.DUMP_JSON)) as handle:
+        assert "NaN" in handle.read()  # written as Python's json (and msprobe) read it back
+    by_name = {r["NPU Name"]: r for r in tensor_rows}
+    row = by_name[special]
+    assert float(row["NPU max"]) == float("inf") and row["NPU mean"].strip().lower() == "nan"
     for column in ("Max diff", "Min diff", "Mean diff", "L2norm diff"):
-        assert all(float(r[column]) == 0.0 for r in tensor_rows), column
-    assert {r["Result"] for r in tensor_rows} == {"pass"}
+        assert all(float(r[column]) == 0.0 for r in tensor_rows if r["NPU Name"] != special), column
+    assert {r["Result"] for r in tensor_rows if r["NPU Name"] != special} == {"pass"}
 
 
 def test_graph_visualize_hierarchy_matches_construct(tmp_path):

@@ -207,14 +207,31 @@ class CellDump:
         self.writer.finish_step(step)
         self.captured_steps.append(step)
 
+    def abort_step(self) -> Optional[int]:
+        """Stop the running step without marking it complete (training failed in it).
+
+        Its raw data stays on disk for `mf-celldump process`; returns the step, or None
+        when no captured step was running.
+        """
+        if not self.runtime.active:
+            return None
+        step = self.runtime.step
+        self.runtime.stop_step()
+        return step
+
     @contextlib.contextmanager
     def step(self, step: int):
-        """``with dump.step(n): train_step()`` for hand-written training loops."""
+        """``with dump.step(n): train_step()`` for hand-written training loops.
+
+        A step that raises is aborted, not completed: its raw data stays unprocessed.
+        """
         self.begin_step(step)
         try:
             yield self
-        finally:
-            self.end_step()
+        except BaseException:
+            self.abort_step()
+            raise
+        self.end_step()
 
     # -- processing ------------------------------------------------------------------------
     def process(self, steps: Optional[Sequence[int]] = None, progress: bool = False):

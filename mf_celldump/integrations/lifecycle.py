@@ -140,15 +140,14 @@ class DumpLifecycle:
                 if failed:
                     # The step never finished: keep its raw data and do not mark it complete
                     # (detach would otherwise complete the step that is still active).
-                    if self.dump.runtime.active:  # a selected step: it has raw data
+                    if self.dump.abort_step() is not None:  # a selected step: it has raw data
                         self.summary.unfinished_step = self.open_step
-                    self.dump.runtime.stop_step()
                     self.open_step = None
                 else:
                     self.end_step()
             self.dump.detach()
             self.summary.captured_steps = list(self.dump.captured_steps)
-            if not self.dump.runtime.rank_selected:
+            if self.dump.rank not in self.config.ranks:
                 self.summary.notes.append(
                     f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured"
                 )

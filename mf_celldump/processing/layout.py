@@ -75,9 +75,9 @@ def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
     outputs: List[Tuple[Tuple[int, ...], object]] = []
     backward_kwargs: List[Tuple[Tuple[int, ...], object]] = []
     for capture in entry.captures:
-        leaf = leaves.get(id(capture), GAP)
-        if id(capture) not in leaves:
+        if id(capture) not in leaves:  # not kept (a duplicate capture)
             continue
+        leaf = leaves[id(capture)]
         key = capture.key
         io = key.msprobe_io
         if key.slot == naming.SLOT_KWARG and io == "input":
