@@ -1,0 +1,770 @@
+#!/usr/bin/env python
+"""Training-step cost of capture: mf_celldump vs msprobe's own PyNative cell-level (L0) dump.
+
+Model: MindFormers 1.9 legacy ``LlamaForCausalLM`` (batch 2, seq 64, hidden 128, 4 layers,
+4 heads, vocab 1000, float32), trained with plain ``mindspore.nn.TrainOneStepCell`` +
+``AdamWeightDecay`` in PyNative mode on CPU (no MindFormers wrapper needed). CPU-only
+model settings: ``use_rope_slice=True``, ``fused_rms_norm=False``.
+
+Configurations, each in a fresh subprocess (hooks, graphs and msprobe's singleton do not
+leak between them), run with the same model, seed and batches:
+
+  baseline          no capture
+  mf_tensor         mf_celldump, task tensor, data_mode all (PyNative auto -> tensordump)
+  mf_statistics     mf_celldump, task statistics, data_mode all (auto -> device_stats)
+  mf_tensor_host    mf_celldump, task tensor, backend host (extra row)
+  msprobe_tensor    msprobe 26.2 PrecisionDebugger, level L0, task tensor, data_mode all
+  msprobe_statistics  the same, task statistics
+
+msprobe on CPU: its statistics call ``mint.norm``, which has no CPU kernel in MindSpore 2.9
+("The kernel LinalgVectorNorm unregistered"). Inside the msprobe worker processes only,
+that one call is replaced by a monkeypatch (see ``_patch_msprobe_norm``); installed files
+are not modified.
+
+Per worker: ``--warmup`` uncaptured steps (excluded), ``--inproc-baseline`` uncaptured
+steps (measured: a same-process baseline that is robust to machine load drifting
+between subprocesses), then one captured warm-up step (excluded) and ``--steps``
+captured steps (measured). A step's time covers everything the capture adds around it:
+``begin_step``/``end_step`` (mf_celldump) or ``start``/``stop``/``step`` (msprobe), the
+train step itself and a final synchronisation. Files and bytes written per step are
+counted by walking the dump folder after each step, outside the timed region.
+
+Usage (from the repository root; runs from a temp dir because importing MindFormers
+creates ./output):
+
+    /work/venv/bin/python bench/bench_capture.py            # all configurations
+    /work/venv/bin/python bench/bench_capture.py --only mf_tensor --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics as stats_mod
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+CONFIGS = [
+    "baseline",
+    "mf_tensor",
+    "mf_statistics",
+    "mf_tensor_host",
+    "msprobe_tensor",
+    "msprobe_statistics",
+]
+
+MODEL = dict(batch_size=2, seq_length=64, hidden_size=128, num_layers=4, num_heads=4, vocab_size=1000)
+
+
+# ---------------------------------------------------------------------------
+# worker side
+# ---------------------------------------------------------------------------
+
+
+def _tree_size(path: str):
+    files = 0
+    size = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                continue
+            files += 1
+    return files, size
+
+
+def _build(seed: int):
+    import mindspore as ms
+    from mindspore import nn
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    ms.set_seed(seed)
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        **MODEL,
+        use_rope_slice=True,  # CPU: avoids a BatchMatMul broadcast the CPU kernel rejects
+        fused_rms_norm=False,  # CPU: fused RmsNorm is Ascend-only
+        use_flash_attention=False,
+        use_past=False,
+        compute_dtype="float32",
+        layernorm_compute_type="float32",
+        softmax_compute_type="float32",
+        rotary_dtype="float32",
+        param_init_type="float32",
+        checkpoint_name_or_path="",
+    )
+    net = LlamaForCausalLM(cfg)
+    net.set_train(True)
+    opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3)
+    train = nn.TrainOneStepCell(net, opt)
+    train.set_train(True)
+    return net, train
+
+
+def _batches(n: int, seed: int):
+    import numpy as np
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(seed)
+    shape = (MODEL["batch_size"], MODEL["seq_length"] + 1)
+    return [Tensor(rng.integers(0, MODEL["vocab_size"], size=shape).astype(np.int32)) for _ in range(n)]
+
+
+def _sync():
+    try:
+        from mindspore.graph.api import _pynative_executor  # private, MindSpore 2.9
+    except ImportError:
+        from mindspore.common.api import _pynative_executor
+    _pynative_executor.sync()
+
+
+def _patch_msprobe_norm():
+    """Replace msprobe's ``mint.norm`` statistic with a CPU-capable L2 norm, in this process only.
+
+    msprobe's ``MindsporeDataProcessor.get_stat_info`` looks up
+    ``mint.norm if hasattr(mint, "norm") else ops.norm`` through its module's global
+    ``mint``; we give that module a proxy of ``mindspore.mint`` whose ``norm`` is
+    ``sqrt(sum(x*x))`` (CPU kernels exist for all three ops). Everything else is
+    forwarded to the real ``mindspore.mint``.
+    """
+    from mindspore import mint as real_mint
+    from mindspore import ops
+    from msprobe.core.dump.data_dump.data_processor import mindspore_processor
+
+    class _MintProxy:
+        def __getattr__(self, name):
+            return getattr(real_mint, name)
+
+        @staticmethod
+        def norm(x, *args, **kwargs):
+            return ops.sqrt((x * x).sum())
+
+    mindspore_processor.mint = _MintProxy()
+    return "msprobe.core.dump.data_dump.data_processor.mindspore_processor.mint.norm -> ops.sqrt((x*x).sum())"
+
+
+class _NoCapture:
+    def begin(self, step):
+        pass
+
+    def end(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class _MfCapture:
+    def __init__(self, train, dump_path, task, backend=None):
+        import mf_celldump
+
+        config = {"dump_path": dump_path, "task": task, "data_mode": "all"}
+        if backend:
+            config["backend"] = backend
+        self.dump = mf_celldump.attach(train, config)
+        self.backend = self.dump.backend.name
+        self.cells = len(self.dump.cells)
+
+    def begin(self, step):
+        self.dump.begin_step(step)
+
+    def end(self):
+        self.dump.end_step()
+
+    def close(self):
+        self.dump.detach()
+
+
+class _MsprobeCapture:
+    def __init__(self, net, dump_path, task, workdir):
+        self.patch = _patch_msprobe_norm()
+        from msprobe.mindspore import PrecisionDebugger
+
+        config = {
+            "task": task,
+            "dump_path": dump_path,
+            "rank": [],
+            "step": [],
+            "level": "L0",
+            "async_dump": False,
+            "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+            "tensor": {"scope": [], "list": [], "data_mode": ["all"]},
+        }
+        config_path = os.path.join(workdir, "msprobe_config.json")
+        with open(config_path, "w") as handle:
+            json.dump(config, handle)
+        self.debugger = PrecisionDebugger(config_path=config_path)
+        self.net = net
+        self.backend = "msprobe PrecisionDebugger L0"
+        self.cells = None
+
+    def begin(self, step):
+        self.debugger.start(model=self.net)
+
+    def end(self):
+        self.debugger.stop()
+        self.debugger.step()
+
+    def close(self):
+        pass
+
+
+def _timed_steps(train, batches, capture, first_step, count, dump_path, record):
+    times = []
+    per_step_files = []
+    per_step_bytes = []
+    losses = []
+    for i in range(count):
+        step = first_step + i
+        before = _tree_size(dump_path) if dump_path else (0, 0)
+        t0 = time.perf_counter()
+        capture.begin(step)
+        loss = train(batches[step % len(batches)])
+        value = float(loss.asnumpy())
+        _sync()
+        capture.end()
+        elapsed = time.perf_counter() - t0
+        after = _tree_size(dump_path) if dump_path else (0, 0)
+        if record:
+            times.append(elapsed * 1000.0)
+            per_step_files.append(after[0] - before[0])
+            per_step_bytes.append(after[1] - before[1])
+            losses.append(value)
+    return times, per_step_files, per_step_bytes, losses
+
+
+def _composition(dump_path: str):
+    """What one captured step of mf_celldump held: forward tensors, forward non-tensor values, gradients."""
+    from collections import Counter
+
+    raw = os.path.join(dump_path, "_raw", "rank0")
+    steps = sorted(
+        (d for d in os.listdir(raw) if d.startswith("step")), key=lambda d: int(d[4:].split(".")[0])
+    )
+    folder = os.path.join(raw, steps[-1])
+    counts = Counter()
+    for file_name in os.listdir(folder):
+        parts = file_name.split(".")
+        if file_name.endswith(".npy") and len(parts) > 4:
+            counts[f"{parts[1]}.{'tensor' if parts[3] == 't' else 'value'}.file"] += 1
+        elif file_name.endswith(".jsonl"):
+            with open(os.path.join(folder, file_name)) as handle:
+                for line in handle:
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    kind = "tensor" if record.get("kind") == "t" else "value"
+                    counts[f"{record.get('dir', '?')[0]}.{kind}.record"] += 1
+    return dict(sorted(counts.items()))
+
+
+def worker(args) -> dict:
+    import mindspore  # noqa: F401  -- before msprobe (protobuf descriptor order)
+
+    name = args.worker
+    workdir = os.getcwd()
+    dump_path = os.path.join(workdir, "dump")
+    net, train = _build(args.seed)
+    n_total = args.warmup + args.inproc_baseline + 1 + args.steps
+    batches = _batches(n_total, args.seed)
+    step = 0
+
+    # 1) uncaptured warm-up, 2) same-process uncaptured baseline
+    nocap = _NoCapture()
+    _timed_steps(train, batches, nocap, step, args.warmup, None, False)
+    step += args.warmup
+    inproc = []
+    if name != "baseline":
+        inproc, _, _, _ = _timed_steps(train, batches, nocap, step, args.inproc_baseline, None, True)
+        step += args.inproc_baseline
+
+    # 3) capture on
+    if name == "baseline":
+        capture = nocap
+        dump = None
+    elif name.startswith("mf_"):
+        task = "tensor" if "tensor" in name else "statistics"
+        capture = _MfCapture(train, dump_path, task, "host" if name.endswith("_host") else None)
+        dump = dump_path
+    else:
+        task = "tensor" if "tensor" in name else "statistics"
+        capture = _MsprobeCapture(net, dump_path, task, workdir)
+        dump = dump_path
+
+    _timed_steps(train, batches, capture, step, 1, dump, False)  # captured warm-up
+    step += 1
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    times, files, nbytes, losses = _timed_steps(train, batches, capture, step, args.steps, dump, True)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile_out)
+    capture.close()
+    composition = _composition(dump_path) if name.startswith("mf_") else None
+
+    result = {
+        "config": name,
+        "backend": getattr(capture, "backend", None),
+        "cells": getattr(capture, "cells", None),
+        "step_ms": times,
+        "median_ms": stats_mod.median(times),
+        "min_ms": min(times),
+        "inproc_baseline_ms": inproc,
+        "inproc_baseline_median_ms": stats_mod.median(inproc) if inproc else None,
+        "files_per_step": files,
+        "bytes_per_step": nbytes,
+        "losses": losses,
+        "loadavg_end": os.getloadavg(),
+        "captured_per_step": composition,
+    }
+    if isinstance(capture, _MsprobeCapture):
+        result["msprobe_patch"] = capture.patch
+    return result
+
+
+# ---------------------------------------------------------------------------
+# per-call costs (the "micro" worker): where capture time goes per captured value
+# ---------------------------------------------------------------------------
+
+
+def micro_worker(args) -> dict:
+    """Per-call cost of each piece of mf_celldump's PyNative capture, on one activation-sized tensor.
+
+    Uses mf_celldump's real backends (TensorDump, device_stats, host) with a real writer,
+    plus the MindSpore primitives they call, on a float32 tensor of shape
+    (batch 2, seq 64, hidden 128) = 64 KiB. Reports min and median microseconds per call
+    (min is the figure least disturbed by other load on the machine).
+    """
+    import io
+
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Parameter, Tensor, nn, ops
+
+    from mf_celldump import naming
+    from mf_celldump.capture.backends import DeviceStatsBackend, HostBackend, TensorDumpBackend
+    from mf_celldump.capture.runtime import CaptureRuntime
+    from mf_celldump.capture.writer import RawWriter
+    from mf_celldump.config import DumpConfig
+    from mf_celldump.fsutil import atomic_write_bytes, safe_join
+    from mf_celldump.statistics import compute_statistics
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    rows = []
+    shape = (MODEL["batch_size"], MODEL["seq_length"], MODEL["hidden_size"])
+    x = Tensor(np.random.default_rng(0).random(shape).astype(np.float32))
+    _sync()
+
+    def bench(label, fn, n=200, per=1):
+        fn(0)
+        _sync()
+        times = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            fn(i)
+            times.append((time.perf_counter() - t0) * 1e6 / per)
+        _sync()
+        rows.append({"what": label, "min_us": min(times), "median_us": stats_mod.median(times)})
+        print(f"{label:86s} min {min(times):9.1f} us  median {stats_mod.median(times):9.1f} us", flush=True)
+
+    def backend_of(cls, task, root):
+        config = DumpConfig.coerce({"dump_path": root, "task": task, "data_mode": "all"})
+        runtime = CaptureRuntime(rank_selected=True)
+        writer = RawWriter(root, 0, "micro")
+        writer.prepare_step(5)
+        runtime.start_step(5, True)
+        return cls(config, runtime, writer), writer
+
+    root = os.path.join(os.getcwd(), "micro")
+    td_backend, writer = backend_of(TensorDumpBackend, "tensor", os.path.join(root, "td"))
+    stats_backend, _ = backend_of(DeviceStatsBackend, "statistics", os.path.join(root, "stats"))
+    host_backend, _ = backend_of(HostBackend, "tensor", os.path.join(root, "host"))
+    step_dir = writer.step_dir(5)
+
+    def key(i, direction=naming.FORWARD, kind=naming.VKIND_TENSOR):
+        return naming.ProbeKey(i % 97, direction, naming.SLOT_OUTPUT, kind, (0,), i)
+
+    # -- backward: cost per hooked tensor, in a chain of cells ------------------------
+    links = 50
+    kept = []
+    per_key = {}
+
+    def hook_mode(h, j, mode):
+        if mode == "DumpGradient (TensorDumpBackend.pynative_backward)":
+            return td_backend.pynative_backward(h, key(j, naming.BACKWARD), "out")
+        if mode == "InsertGradientOf(closure) + device stats (DeviceStatsBackend.pynative_backward)":
+            return stats_backend.pynative_backward(h, key(j, naming.BACKWARD), "out")
+        if mode == "InsertGradientOf(new identity closure per call)":
+
+            def identity(g):
+                return g
+
+            return ops.InsertGradientOf(identity)(h)
+        if mode == "one InsertGradientOf per key, cached across steps, hook keeps grad":
+            prim = per_key.get(j)
+            if prim is None:
+
+                def keep(g):
+                    kept.append(g)
+                    return g
+
+                prim = per_key[j] = ops.InsertGradientOf(keep)
+            return prim(h)
+        if mode == "Tensor.register_hook(fn) keeping grad":
+
+            def keep_grad(g):
+                kept.append(g)
+
+            h.register_hook(keep_grad)
+            return h
+        return h
+
+    class Chain(nn.Cell):
+        def __init__(self, mode):
+            super().__init__()
+            self.mode = mode
+            self.w = Parameter(Tensor(np.ones((shape[-1],), np.float32)), name="w")
+
+        def construct(self, inp):
+            h = inp
+            for j in range(links):
+                h = hook_mode(h * self.w, j, self.mode)
+            return h.sum()
+
+    base = None
+    for mode in (
+        "none",
+        "DumpGradient (TensorDumpBackend.pynative_backward)",
+        "InsertGradientOf(closure) + device stats (DeviceStatsBackend.pynative_backward)",
+        "InsertGradientOf(new identity closure per call)",
+        "one InsertGradientOf per key, cached across steps, hook keeps grad",
+        "Tensor.register_hook(fn) keeping grad",
+    ):
+        net = Chain(mode)
+        grad_fn = ms.value_and_grad(net, grad_position=None, weights=net.trainable_params())
+        times = []
+        for rep in range(12):
+            kept.clear()
+            t0 = time.perf_counter()
+            _loss, grads = grad_fn(x)
+            grads[0].asnumpy()
+            _sync()
+            if rep >= 2:
+                times.append((time.perf_counter() - t0) * 1e6 / links)
+        low, med = min(times), stats_mod.median(times)
+        if base is None:
+            base = low
+            label = f"fwd+bwd of a {links}-link chain (mul per link), no hook: per link"
+        else:
+            label = f"  + hook per link: {mode}: EXTRA per hooked tensor"
+            low, med = low - base, med - base
+        rows.append({"what": label, "min_us": low, "median_us": med})
+        print(f"{label:86s} min {low:9.1f} us  median {med:9.1f} us", flush=True)
+
+    # -- pieces of the forward path ------------------------------------------------
+    bench(
+        "writer.step_dir(step) = fsutil.safe_join (2x realpath), once per value", lambda i: writer.step_dir(5)
+    )
+    bench("x * x queued (pyboost launch only)", lambda i: x * x)
+    bench("x * x then _pynative_executor.sync()  (= cost of one sync)", lambda i: (x * x, _sync()), n=100)
+    bench(
+        "x * x, 200 queued then one sync (amortised per op)",
+        lambda i: ([x * x for _ in range(200)], _sync()),
+        n=5,
+        per=200,
+    )
+    bench(
+        "ops.TensorDump()(path, x), x already computed (write only)",
+        lambda i: td_backend._dump_out(os.path.join(step_dir, f"w{i}"), x),
+    )
+    bench(
+        "y = x * x; TensorDump(path, y) (waits for y: sync + write)",
+        lambda i: td_backend._dump_out(os.path.join(step_dir, f"s{i}"), x * x),
+        n=100,
+    )
+    bench(
+        "TensorDumpBackend.pynative_forward(x) [mf_celldump, computed x]",
+        lambda i: td_backend.pynative_forward(x, key(i), "out"),
+    )
+    bench(
+        "TensorDumpBackend.pynative_forward(None) [non-tensor value -> Tensor(0) + TensorDump]",
+        lambda i: td_backend.pynative_forward(None, key(i, kind=naming.VKIND_NONE), "out"),
+    )
+    bench(
+        "TensorDumpBackend.pynative_backward(x) fwd side [DumpGradient: new InsertGradientOf]",
+        lambda i: td_backend.pynative_backward(x, key(i, naming.BACKWARD), "out"),
+        n=100,
+    )
+    bench(
+        "DeviceStatsBackend.pynative_forward(x) [mf_celldump, computed x]",
+        lambda i: stats_backend.pynative_forward(x, key(i), "out"),
+    )
+    bench(
+        "  of which: ops.stack of 4 computed 0-d tensors (old-style primitive)",
+        lambda i: ops.stack([x.max(), x.min(), x.mean(), x.sum()]),
+        n=100,
+    )
+    bench(
+        "  of which: max,min,mean,sqrt(sum(x*x)) queued (launch only)",
+        lambda i: [x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())],
+    )
+    bench(
+        "  the same 4 reductions, 50 queued then one sync (amortised per tensor)",
+        lambda i: ([[x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())] for _ in range(50)], _sync()),
+        n=5,
+        per=50,
+    )
+    bench(
+        "DeviceStatsBackend.pynative_backward(x) fwd side [new InsertGradientOf(closure)]",
+        lambda i: stats_backend.pynative_backward(x, key(i, naming.BACKWARD), "out"),
+        n=100,
+    )
+    bench(
+        "alternative: x.asnumpy() + statistics.compute_statistics (numpy), computed x",
+        lambda i: compute_statistics(x.asnumpy(), ("max", "min", "mean", "norm")),
+    )
+    bench(
+        "HostBackend.pynative_forward(x) [pyfunc Custom op, writes with fsync]",
+        lambda i: (host_backend.pynative_forward(x, key(i), "out"), _sync()),
+        n=100,
+    )
+
+    def save_fsync(i):
+        buffer = io.BytesIO()
+        np.save(buffer, x.asnumpy(), allow_pickle=False)
+        atomic_write_bytes(safe_join(step_dir, f"h{i}.npy"), buffer.getvalue())
+
+    bench(
+        "  of which: asnumpy + np.save to bytes + fsutil.atomic_write_bytes (mkstemp, fsync, rename)",
+        save_fsync,
+        n=100,
+    )
+    bench(
+        "  compare: np.save(path, x.asnumpy()) (no fsync)",
+        lambda i: np.save(os.path.join(step_dir, f"n{i}.npy"), x.asnumpy(), allow_pickle=False),
+        n=100,
+    )
+
+    return {"config": "micro", "rows": rows, "loadavg_end": os.getloadavg()}
+
+
+# ---------------------------------------------------------------------------
+# driver side
+# ---------------------------------------------------------------------------
+
+
+def _versions(python: str) -> dict:
+    code = (
+        "import json, importlib.metadata as m; print(json.dumps({k: m.version(k) for k in "
+        "('mindspore', 'mindformers', 'mindstudio-probe', 'numpy')}))"
+    )
+    try:
+        return json.loads(subprocess.check_output([python, "-c", code], text=True))
+    except Exception as err:  # noqa: BLE001 - informational only
+        return {"error": str(err)}
+
+
+def _run_worker(name: str, args) -> dict:
+    workdir = tempfile.mkdtemp(prefix=f"bench-capture-{name}-")
+    out_json = os.path.join(workdir, "result.json")
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        name,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--inproc-baseline",
+        str(args.inproc_baseline),
+        "--seed",
+        str(args.seed),
+        "--result",
+        out_json,
+    ]
+    if args.profile and name != "micro":
+        profile_dir = os.path.join(tempfile.gettempdir(), "bench-capture-profiles")
+        os.makedirs(profile_dir, exist_ok=True)
+        profile_out = os.path.join(profile_dir, f"{name}.prof")
+        cmd += ["--profile", "--profile-out", profile_out]
+        print(f"[bench] cProfile of {name}'s measured steps -> {profile_out}", flush=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("GLOG_v", "3")  # MindSpore: errors only
+    log_path = os.path.join(workdir, "worker.log")
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not os.path.exists(out_json):
+        with open(log_path) as log:
+            tail = log.read()[-3000:]
+        result = {"config": name, "error": f"exit {proc.returncode}", "log_tail": tail}
+    else:
+        with open(out_json) as handle:
+            result = json.load(handle)
+    result["wall_s"] = wall
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        result["workdir"] = workdir
+    return result
+
+
+def _table(results, base_ms) -> str:
+    head = (
+        "| configuration | backend | ms/step (median) | min | x no-capture | x same-process baseline "
+        "| files/step | MB/step |"
+    )
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for res in results:
+        if "error" in res:
+            lines.append(f"| {res['config']} | FAILED: {res['error']} | | | | | | |")
+            continue
+        med = res["median_ms"]
+        ratio = med / base_ms if base_ms else float("nan")
+        inproc = res.get("inproc_baseline_median_ms")
+        inproc_ratio = f"{med / inproc:.2f}" if inproc else "-"
+        files = stats_mod.median(res["files_per_step"]) if res["files_per_step"] else 0
+        mb = stats_mod.median(res["bytes_per_step"]) / 1e6 if res["bytes_per_step"] else 0
+        lines.append(
+            f"| {res['config']} | {res.get('backend') or '-'} | {med:.0f} | {res['min_ms']:.0f} "
+            f"| {ratio:.2f} | {inproc_ratio} | {files:.0f} | {mb:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def driver(args) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    names = args.only or CONFIGS
+    started = datetime.datetime.now()
+    meta = {
+        "date": started.isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU only, {platform.platform()}",
+        "python": sys.version.split()[0],
+        "versions": _versions(sys.executable),
+        "model": dict(MODEL, layers="LlamaForCausalLM (legacy)", dtype="float32"),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "inproc_baseline": args.inproc_baseline,
+        "command": " ".join([sys.executable] + sys.argv),
+        "loadavg_start": os.getloadavg(),
+    }
+    results = []
+    for name in names:
+        print(f"[bench] {name} ...", flush=True)
+        res = _run_worker(name, args)
+        results.append(res)
+        if "error" in res:
+            print(f"[bench] {name} FAILED: {res['error']}\n{res['log_tail']}", flush=True)
+        else:
+            print(
+                f"[bench] {name}: median {res['median_ms']:.0f} ms/step "
+                f"(same-process baseline {res.get('inproc_baseline_median_ms') or 0:.0f} ms), "
+                f"{stats_mod.median(res['files_per_step']) if res['files_per_step'] else 0:.0f} files/step, "
+                f"wall {res['wall_s']:.0f} s",
+                flush=True,
+            )
+    micro = None
+    if not args.no_micro:
+        print("[bench] micro (per-call costs) ...", flush=True)
+        micro = _run_worker("micro", args)
+        if "error" in micro:
+            print(f"[bench] micro FAILED: {micro['error']}\n{micro['log_tail']}", flush=True)
+    meta["loadavg_end"] = os.getloadavg()
+    meta["total_wall_s"] = (datetime.datetime.now() - started).total_seconds()
+    base = next((r for r in results if r["config"] == "baseline" and "error" not in r), None)
+    base_ms = base["median_ms"] if base else None
+    table = _table(results, base_ms)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    with open(os.path.join(args.out, f"capture-{stamp}.json"), "w") as handle:
+        json.dump({"meta": meta, "results": results, "micro": micro}, handle, indent=1)
+    text = "\n".join(
+        [
+            f"date: {meta['date']}",
+            f"machine: {meta['machine']}",
+            f"versions: {meta['versions']}",
+            f"command: {meta['command']}",
+            f"steps measured: {args.steps} (after {args.warmup} uncaptured + 1 captured warm-up)",
+            f"load average start/end: {meta['loadavg_start']} / {meta['loadavg_end']}",
+            f"total wall: {meta['total_wall_s']:.0f} s",
+            "",
+            table,
+            "",
+            "captured per step (mf_celldump): "
+            + "; ".join(
+                f"{r['config']}: {r.get('captured_per_step')}" for r in results if r.get("captured_per_step")
+            ),
+            "",
+        ]
+    )
+    if micro and "rows" in micro:
+        text += "\nper-call costs (micro worker; float32 tensor (2, 64, 128) = 64 KiB), microseconds:\n\n"
+        text += "| what | min us | median us |\n|---|---:|---:|\n"
+        text += (
+            "\n".join(
+                f"| {row['what']} | {row['min_us']:.0f} | {row['median_us']:.0f} |" for row in micro["rows"]
+            )
+            + "\n"
+        )
+    with open(os.path.join(args.out, f"capture-{stamp}.txt"), "w") as handle:
+        handle.write(text)
+    print(text)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="measured captured steps per configuration")
+    parser.add_argument("--warmup", type=int, default=2, help="uncaptured warm-up steps (excluded)")
+    parser.add_argument(
+        "--inproc-baseline",
+        type=int,
+        default=3,
+        help="uncaptured steps measured in each capture worker before capture starts",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", choices=CONFIGS, help="run only these configurations")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for capture-*.json|txt")
+    parser.add_argument("--keep", action="store_true", help="keep the workers' temp folders (dumps, logs)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the measured captured steps (to $TMPDIR/bench-capture-profiles/NAME.prof)",
+    )
+    parser.add_argument(
+        "--no-micro",
+        action="store_true",
+        help="skip the per-call cost measurements (the 'micro' worker, ~1 min)",
+    )
+    parser.add_argument("--worker", choices=CONFIGS + ["micro"], help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        result = micro_worker(args) if args.worker == "micro" else worker(args)
+        with open(args.result, "w") as handle:
+            json.dump(result, handle)
+        return 0
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
