@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mf_celldump import naming
+from mf_celldump.fsutil import FolderLock
 from mf_celldump.processing import cli
 from mf_celldump.processing.errors import (
     DumpNotFoundError,
@@ -17,7 +18,6 @@ from mf_celldump.processing.errors import (
     NotACaptureDumpError,
     UnsafePathError,
 )
-from mf_celldump.processing.fsops import FolderLock
 from mf_celldump.processing.pipeline import process_dump
 from tests.rawdump_builder import RawDumpBuilder, llama_net, read_output, snapshot_tree, write_llama_step
 

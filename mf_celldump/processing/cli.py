@@ -47,7 +47,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mf_celldump.processing.errors import ProcessingError
+    from mf_celldump.processing.errors import ProcessingError, UnsafePathError
     from mf_celldump.processing.pipeline import process_dump
 
     try:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             remove_raw=not args.keep_raw,
             progress=sys.stderr.isatty(),
         )
-    except ProcessingError as err:
+    except (ProcessingError, UnsafePathError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(report.summary())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mf_celldump import fsutil
+
 
 class ProcessingError(Exception):
     """Base class: the dump cannot be processed as asked (the CLI exits with status 2)."""
@@ -23,8 +25,9 @@ class ManifestError(ProcessingError):
     """A rank's ``manifest.json`` is unreadable or lacks required fields."""
 
 
-class UnsafePathError(ProcessingError):
-    """A name or symlink would place a file outside the dump folder."""
+# A name or symlink would place a file outside the dump folder (raised by fsutil; the
+# CLI treats it like a ProcessingError).
+UnsafePathError = fsutil.UnsafePathError
 
 
 class NpyReadError(Exception):

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from mf_celldump import naming
+from mf_celldump.fsutil import link_or_copy
 from mf_celldump.processing.errors import NpyReadError
-from mf_celldump.processing.fsops import link_or_copy
 from mf_celldump.processing.npystats import file_statistics, load_small
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Set
 
-from mf_celldump import naming
-from mf_celldump.processing import fsops
+from mf_celldump import fsutil, naming
 from mf_celldump.processing.errors import (
     DumpNotFoundError,
     EmptyDumpError,
@@ -155,7 +154,7 @@ def _clean_leftovers(rank_dir: str) -> None:
     for folder, dirs, _ in os.walk(rank_dir, followlinks=False):
         for name in list(dirs):
             if naming.is_removing_dir_name(name):
-                fsops.remove_tree(os.path.join(folder, name))
+                fsutil.remove_tree(os.path.join(folder, name))
                 dirs.remove(name)
 
 
@@ -238,12 +237,12 @@ def process_dump(
         contexts.append(RankContext(root, root, rank, rank_dir, manifest, out_rank))
 
     runner = FileRunner(jobs)
-    locks: List[fsops.FolderLock] = []
+    locks: List[fsutil.FolderLock] = []
     any_source = False
     try:
         plans = []
         for ctx in contexts:
-            lock = fsops.FolderLock(os.path.join(ctx.rank_dir, naming.PROCESSING_LOCK))
+            lock = fsutil.FolderLock(os.path.join(ctx.rank_dir, naming.PROCESSING_LOCK))
             if not lock.acquire():
                 report.problems.append(
                     f"rank {ctx.rank}: another process is processing {ctx.rank_dir}; "

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import naming
+from mf_celldump.fsutil import child
 from mf_celldump.processing.captures import Capture
-from mf_celldump.processing.fsops import child
 from mf_celldump.processing.manifest import Manifest
 
 logger = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from mf_celldump import naming
-from mf_celldump.processing import fsops, layout
+from mf_celldump import fsutil, naming
+from mf_celldump.processing import layout
 from mf_celldump.processing.captures import Capture
 from mf_celldump.processing.entries import assign_calls, group_entries, link_parents
 from mf_celldump.processing.filework import FAILED, FileResult, FileRunner, FileTask, Folders
@@ -138,7 +138,7 @@ def _assign_data_names(entries, problems: List[str]) -> None:
                 )
                 continue
             seen[(io, label)] = capture
-            capture.data_name = fsops.check_component(naming.data_name(entry.name, io, label))
+            capture.data_name = fsutil.check_component(naming.data_name(entry.name, io, label))
 
 
 def process_step(
@@ -160,8 +160,8 @@ def process_step(
     )
     inputs = _read_inputs(ctx, source)
     outcome.warnings.extend(inputs.warnings)
-    step_out = fsops.child(ctx.root_real, ctx.dump_root, step_dir_name)
-    target = fsops.child(ctx.root_real, step_out, ctx.out_rank_name)
+    step_out = fsutil.child(ctx.root_real, ctx.dump_root, step_dir_name)
+    target = fsutil.child(ctx.root_real, step_out, ctx.out_rank_name)
     marker_path = _marker_path(ctx, source.step)
     marker = _read_marker(marker_path) if os.path.exists(marker_path) else None
     if (
@@ -181,17 +181,17 @@ def process_step(
     entries = group_entries(captures, manifest.cells, problems)
     link_parents(entries)
     for entry in entries:
-        fsops.check_component(entry.name)
+        fsutil.check_component(entry.name)
     _assign_data_names(entries, problems)
 
-    fsops.make_dir(step_out)
-    partial = fsops.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
-    fsops.remove_tree(partial)
-    fsops.make_dir(partial)
+    fsutil.make_dir(step_out)
+    partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
+    fsutil.remove_tree(partial)
+    fsutil.make_dir(partial)
     tensor_task = manifest.task == "tensor"
     data_dir = os.path.join(partial, naming.TENSOR_DIR)
     if tensor_task:
-        fsops.make_dir(data_dir)
+        fsutil.make_dir(data_dir)
 
     by_index: List[Capture] = []
     tasks: List[FileTask] = []
@@ -238,14 +238,14 @@ def process_step(
                 leaves[id(capture)] = layout.record_of(capture, capture.data_name if has_file else None)
             yield entry.name, layout.entry_body(entry, leaves)
 
-    fsops.write_new_text(
+    fsutil.write_new_text(
         os.path.join(partial, naming.DUMP_JSON),
         layout.dump_json_lines(manifest.task, final_data_dir, bodies()),
     )
-    fsops.write_new_text(os.path.join(partial, naming.CONSTRUCT_JSON), [layout.construct_json(entries)])
-    fsops.write_new_text(os.path.join(partial, naming.STACK_JSON), [layout.stack_json(entries)])
-    retired = fsops.child(ctx.root_real, step_out, naming.retired_output_dir_name(ctx.out_rank_name))
-    fsops.swap_into_place(partial, target, retired)
+    fsutil.write_new_text(os.path.join(partial, naming.CONSTRUCT_JSON), [layout.construct_json(entries)])
+    fsutil.write_new_text(os.path.join(partial, naming.STACK_JSON), [layout.stack_json(entries)])
+    retired = fsutil.child(ctx.root_real, step_out, naming.retired_output_dir_name(ctx.out_rank_name))
+    fsutil.swap_into_place(partial, target, retired)
     outcome.entries = len(entries)
     if checkpoint is not None:
         checkpoint("output")
@@ -261,8 +261,8 @@ def process_step(
         "raw_digest": inputs.digest,
         "kbk": inputs.kbk_sizes,
     }
-    fsops.make_dir(os.path.dirname(marker_path))
-    fsops.atomic_write(marker_path, json.dumps(marker, indent=1, sort_keys=True).encode("utf-8"))
+    fsutil.make_dir(os.path.dirname(marker_path))
+    fsutil.atomic_write_bytes(marker_path, json.dumps(marker, indent=1, sort_keys=True).encode("utf-8"))
     if checkpoint is not None:
         checkpoint("marker")
     if remove_raw:
@@ -284,10 +284,10 @@ def _remove_sources(
             )
             return
         name = os.path.basename(source.raw_dir)
-        fsops.retire_and_remove(source.raw_dir, os.path.join(ctx.rank_dir, naming.removing_dir_name(name)))
+        fsutil.retire_and_remove(source.raw_dir, os.path.join(ctx.rank_dir, naming.removing_dir_name(name)))
     for folder in source.kbk_dirs():
         removing = os.path.join(os.path.dirname(folder), naming.removing_dir_name(os.path.basename(folder)))
-        fsops.retire_and_remove(folder, removing)
+        fsutil.retire_and_remove(folder, removing)
     if os.path.exists(marker_path):
         os.unlink(marker_path)
     outcome.raw_removed = True
