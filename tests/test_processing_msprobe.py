@@ -5,10 +5,7 @@ order fails in one process with protobuf's "Descriptors cannot be created direct
 with this protobuf the plain ``msprobe`` script fails the same way).
 """
 
-import csv
-import glob
 import os
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -18,23 +15,12 @@ import pytest
 
 from mf_celldump import naming
 from mf_celldump.processing.pipeline import process_dump
+from tests.msprobe_cli import REPO, compare_rows, graph_nodes
 from tests.rawdump_builder import RawDumpBuilder, llama_net, read_output, write_llama_step
 
 pytest.importorskip("msprobe")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PERTURBED = "model.layers.1.attention.wo"
-MSPROBE = (
-    "import sys, mindspore\nfrom msprobe.msprobe import main\nsys.argv = ['msprobe'] + sys.argv[1:]\nmain()"
-)
-
-
-def run_msprobe(*args, timeout=600):
-    proc = subprocess.run(
-        [sys.executable, "-c", MSPROBE, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return proc
 
 
 def build(dump, task="tensor", perturb=None):
@@ -73,12 +59,7 @@ def _compare(tmp_path, task, perturb=None):
     a, g, out = (str(tmp_path / n) for n in ("target", "golden", "out"))
     build(a, task, perturb)
     build(g, task)
-    run_msprobe("compare", "-tp", os.path.join(a, "step0"), "-gp", os.path.join(g, "step0"), "-o", out)
-    files = glob.glob(os.path.join(out, "compare_result_*.csv"))
-    assert len(files) == 1
-    with open(files[0], newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    return a, rows
+    return a, compare_rows(os.path.join(a, "step0"), os.path.join(g, "step0"), out)
 
 
 def _tensor_leaves(dump):
@@ -140,12 +121,8 @@ def test_compare_identical_statistics_dumps(tmp_path):
 def test_graph_visualize_hierarchy_matches_construct(tmp_path):
     dump, out = str(tmp_path / "dump"), str(tmp_path / "vis")
     build(dump)
-    run_msprobe("graph_visualize", "-tp", os.path.join(dump, "step0", "rank"), "-o", out)
-    dbs = glob.glob(os.path.join(out, "*.vis.db"))
-    assert len(dbs) == 1
+    nodes = graph_nodes(os.path.join(dump, "step0", "rank"), out)
     construct = read_output(dump, 0)["construct"]
-    with sqlite3.connect(dbs[0]) as db:
-        nodes = dict(db.execute("select node_name, up_node from tb_nodes"))
     assert set(construct) <= set(nodes)
     for entry, parent in construct.items():
         if parent is None:
