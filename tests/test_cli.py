@@ -1,0 +1,38 @@
+"""The installed ``mf-celldump`` console script: every sub-command is reachable."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mf_celldump import __version__
+from mf_celldump.cli import main
+
+
+def _script():
+    found = shutil.which("mf-celldump") or os.path.join(os.path.dirname(sys.executable), "mf-celldump")
+    if not os.path.exists(found):
+        pytest.skip("the package is not installed with its console script")
+    return found
+
+
+def test_console_script_lists_subcommands():
+    proc = subprocess.run([_script(), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("process", "mapping", "register-path"):
+        assert command in proc.stdout
+    version = subprocess.run([_script(), "--version"], capture_output=True, text=True, timeout=120)
+    assert version.stdout.strip() == f"mf-celldump {__version__}"
+
+
+def test_process_reports_bad_input_with_exit_code_2(tmp_path, capsys):
+    assert main(["process", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+
+
+def test_mapping_list_names_the_bundled_files(capsys):
+    assert main(["mapping", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "llama" in out and "mcore_gpt" in out
