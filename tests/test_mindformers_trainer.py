@@ -41,9 +41,12 @@ def test_yaml_trainer_run_dumps_selected_steps(tmp_path, mode):
     proc, dump = _train(tmp_path, ["--mode", mode, "--steps", "3", "--dump", "steps=0,2"])
     for step in (0, 2):
         data = _entries(dump, step)
-        assert data["task"] == "statistics"
+        assert data["task"] == "tensor"  # as set in examples/tiny_llama.yaml
         names = set(data["data"])
         assert WQ_FORWARD in names and WQ_BACKWARD in names, sorted(names)[:20]
+        tensor_dir = dump / f"step{step}" / "rank" / "dump_tensor_data"
+        assert data["dump_data_dir"] == str(tensor_dir)
+        assert (tensor_dir / f"{WQ_FORWARD}.output.0.npy").exists()
         assert any(n.startswith("Cell.model.layers.1.feed_forward.w2.Linear.forward.") for n in names)
         assert not any(n.startswith("Cell.network.") for n in names), "training wrappers must be skipped"
     assert not (dump / "step1").exists()
