@@ -25,13 +25,16 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
+import mindspore as ms
 import numpy as np
+from mindspore import Tensor, ops
+from mindspore.ops.primitive import constexpr
 
 from mf_celldump import naming
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.writer import RawWriter
 from mf_celldump.config import DumpConfig
-from mf_celldump.dtypes import dtype_names, mindspore_dtype_name
+from mf_celldump.dtypes import dtype_names, mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.statistics import STAT_KEYS, compute_statistics
 
 logger = logging.getLogger(__name__)
@@ -126,8 +129,9 @@ class HostBackend(_BackendBase):
 
     The op takes ``(x, key)`` where ``key`` is a small int32 tensor (dtype code + probe
     key codes), so one op instance serves every probe. Its ``bprop`` passes the
-    incoming gradient through a second pyfunc op that records it. Both carry
-    ``side_effect_io`` so the compiler keeps them; execution is asynchronous in graph
+    incoming gradient through a second pyfunc op that records it. Their outputs feed the
+    graph, so the compiler keeps them; only the op recording non-tensor values (whose
+    output is unused) carries ``side_effect_io``. Execution is asynchronous in graph
     mode, so the session synchronises before marking a step complete.
     """
 
@@ -135,8 +139,6 @@ class HostBackend(_BackendBase):
 
     def __init__(self, config, runtime, writer):
         super().__init__(config, runtime, writer)
-        from mindspore import ops
-
         forward_enabled = config.captures_forward
         backward_enabled = config.captures_backward
 
@@ -205,10 +207,8 @@ class HostBackend(_BackendBase):
 
     # -- PyNative face ----------------------------------------------------------------
     def pynative_forward(self, value, key: naming.ProbeKey, mode: str):
-        from mindspore import Tensor
-
         if isinstance(value, Tensor):
-            return self._probe_op(value, Tensor(_dtype_code(value.dtype) + key.to_codes(), dtype=_int32()))
+            return self._probe_op(value, Tensor(_dtype_code(value.dtype) + key.to_codes(), dtype=ms.int32))
         kind = _python_value_kind(value)
         if kind is not None and self.config.captures_forward:
             self._value_record(_with_kind(key, kind), _plain_python(value))
@@ -220,19 +220,17 @@ class HostBackend(_BackendBase):
 
     # -- graph face ---------------------------------------------------------------------
     def graph_probe_function(self) -> Callable:
-        from mindspore import Tensor
-
         probe_op, value_op = self._probe_op, self._value_op
         forward_enabled = self.config.captures_forward
-        int32, int64, float32, bool_ = _int32(), _int64(), _float32(), _bool()
+        int32, int64, float32, bool_ = ms.int32, ms.int64, ms.float32, ms.bool_
         _graph_key_codes = _make_graph_key_codes()
 
         def graph_probe(value, head, path, use_in):
             if isinstance(value, Tensor):
                 return probe_op(value, Tensor(_graph_key_codes(head, 0, path, value.dtype), int32))
-            # A None argument is not recorded in graph mode: with MindSpore 2.9 a capture op
-            # for a None keyword argument makes the compiler lose the structure of the
-            # call's output (seen with MindFormers' FreqsMgr). PyNative records None.
+            # None never gets here (the wrappers skip it): with MindSpore 2.9 a capture op
+            # for a None keyword argument made the compiler lose the structure of the
+            # call's output (seen with MindFormers' FreqsMgr).
             if forward_enabled:
                 if isinstance(value, bool):
                     value_op(Tensor(value, bool_), Tensor(_graph_key_codes(head, 3, path, None), int32))
@@ -273,39 +271,14 @@ def _dtype_code(ms_dtype) -> Tuple[int]:
 
 def _numpy_name_of(ms_dtype) -> str:
     """``mindspore.float32`` -> ``float32`` (MindSpore prints dtypes as ``Float32``)."""
-    text = str(ms_dtype)
-    from mf_celldump.dtypes import numpy_dtype_name
-
-    return numpy_dtype_name(text)
+    return numpy_dtype_name(str(ms_dtype))
 
 
-def _int32():
-    import mindspore as ms
-
-    return ms.int32
 
 
-def _int64():
-    import mindspore as ms
-
-    return ms.int64
-
-
-def _float32():
-    import mindspore as ms
-
-    return ms.float32
-
-
-def _bool():
-    import mindspore as ms
-
-    return ms.bool_
 
 
 def _make_graph_key_codes():
-    from mindspore.ops.primitive import constexpr
-
     @constexpr
     def graph_key_codes(head, vkind_code, path, ms_dtype):
         # Runs in Python at graph compile time: everything here is a constant.
@@ -336,8 +309,6 @@ class TensorDumpBackend(_BackendBase):
 
     def __init__(self, config, runtime, writer):
         super().__init__(config, runtime, writer)
-        from mindspore import ops
-
         self._dump_out = ops.TensorDump()
         self._dump_in = ops.TensorDump("in")
         self._grad = ops.DumpGradient()
@@ -354,8 +325,6 @@ class TensorDumpBackend(_BackendBase):
         return os.path.join(self.writer.step_dir(self.runtime.step), stem)
 
     def pynative_forward(self, value, key: naming.ProbeKey, mode: str):
-        from mindspore import Tensor
-
         if not self.config.captures_forward:
             return value
         op = self._dump_in if mode == "in" else self._dump_out
@@ -376,8 +345,6 @@ class TensorDumpBackend(_BackendBase):
         (self._dump_in if mode == "in" else self._dump_out)(self._path(key), gradient)
 
     def graph_probe_function(self) -> Callable:
-        from mindspore import Tensor, ops
-
         dump_out, dump_in, grad = self._dump_out, self._dump_in, self._grad
         depend = ops.depend
         forward_enabled = self.config.captures_forward
@@ -401,8 +368,6 @@ class TensorDumpBackend(_BackendBase):
         return graph_probe
 
     def setup(self, initial_step: int) -> None:
-        import mindspore as ms
-
         if ms.get_context("mode") != ms.GRAPH_MODE:
             return
         # Graph mode: folders follow the graph step counter, which starts at 0 in every
@@ -420,8 +385,6 @@ class TensorDumpBackend(_BackendBase):
 
 
 def _make_graph_path():
-    from mindspore.ops.primitive import constexpr
-
     @constexpr
     def graph_path(prefix, head, direction_letter, path, sep):
         # Compile-time: builds the TensorDump file path from constants.
@@ -527,8 +490,6 @@ class DeviceStatsBackend(_BackendBase):
 
     def __init__(self, config, runtime, writer):
         super().__init__(config, runtime, writer)
-        from mindspore import ops
-
         self._ops = ops
         self._reductions = [name for name in config.statistics if name in STAT_KEYS]
         self._pending = []  # (record head, tensor) waiting for the batched reduction
@@ -537,8 +498,6 @@ class DeviceStatsBackend(_BackendBase):
         self._device = None
 
     def setup(self, initial_step: int) -> None:
-        import mindspore as ms
-
         self._device = ms.get_context("device_target")
 
     def _queue(self, tensor, key: naming.ProbeKey, mode: str = "out") -> None:
@@ -565,15 +524,11 @@ class DeviceStatsBackend(_BackendBase):
             self.writer.append_record(step, head)
 
     def _host_statistics(self, tensor) -> dict:
-        import mindspore as ms
-
         host = tensor.astype(ms.float32) if tensor.dtype == ms.bfloat16 else tensor
         return compute_statistics(host.asnumpy(), self.config.statistics)
 
     def _launch_reductions(self, tensor):
         """Queue the reductions on the device; returns a small tensor (or None if empty)."""
-        import mindspore as ms
-
         if tensor.size == 0:
             return None
         ops = self._ops
@@ -594,8 +549,6 @@ class DeviceStatsBackend(_BackendBase):
         return ops.stack(parts) if parts else None
 
     def _fetch(self, tensor, launched) -> dict:
-        import mindspore as ms
-
         numbers = launched.asnumpy().tolist() if launched is not None else []
         stats = {}
         for name, number in zip(self._reductions, numbers):
@@ -620,8 +573,6 @@ class DeviceStatsBackend(_BackendBase):
         return stats
 
     def pynative_forward(self, value, key: naming.ProbeKey, mode: str):
-        from mindspore import Tensor
-
         if not self.config.captures_forward:
             return value
         if isinstance(value, Tensor):
@@ -656,8 +607,6 @@ class GradientHookCache:
     def apply(self, tensor, key: naming.ProbeKey, mode: str = "out"):
         hook = self._hooks.get(key)
         if hook is None:
-            from mindspore import ops
-
             runtime, sink = self._runtime, self._sink
 
             def on_gradient(gradient):
