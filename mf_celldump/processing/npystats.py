@@ -187,20 +187,13 @@ def _mmap_statistics(path: str, header: NpyHeader, wanted: Tuple[str, ...]) -> D
     return _combine(slabs(), header, wanted)
 
 
-def _nan_max(a, b):
+def _nan_aware(pick, a, b):
+    """``pick(a, b)`` (max or min) where NaN wins, as numpy's reductions do; None = no value yet."""
     if a is None or (isinstance(a, float) and math.isnan(a)):
         return b if a is None else a
     if isinstance(b, float) and math.isnan(b):
         return b
-    return max(a, b)
-
-
-def _nan_min(a, b):
-    if a is None or (isinstance(a, float) and math.isnan(a)):
-        return b if a is None else a
-    if isinstance(b, float) and math.isnan(b):
-        return b
-    return min(a, b)
+    return pick(a, b)
 
 
 def _combine(chunks: Iterator[np.ndarray], header: NpyHeader, wanted: Tuple[str, ...]) -> Dict[str, object]:
@@ -220,9 +213,9 @@ def _combine(chunks: Iterator[np.ndarray], header: NpyHeader, wanted: Tuple[str,
         if "md5" in wanted:
             crc = zlib.crc32(chunk.tobytes() if native is not None else chunk.data, crc)
         if "max" in wanted:
-            hi = _nan_max(hi, chunk.max().item())
+            hi = _nan_aware(max, hi, chunk.max().item())
         if "min" in wanted:
-            lo = _nan_min(lo, chunk.min().item())
+            lo = _nan_aware(min, lo, chunk.min().item())
         if "mean" in wanted or "norm" in wanted:
             wide = chunk.astype(np.float64)
             total += float(wide.sum())
