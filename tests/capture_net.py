@@ -1,6 +1,6 @@
 """A small network with every shape of call the capture engine must handle.
 
-- ``split`` returns a tuple;
+- ``split`` returns a tuple and has a parameter left at its ``None`` default;
 - ``gate`` takes a non-tensor positional input, a tensor passed by keyword and a
   keyword-only float;
 - ``shared`` is called twice per step;
@@ -18,8 +18,10 @@ class Split(nn.Cell):
         super().__init__()
         self.proj = nn.Dense(8, 16)
 
-    def construct(self, x):
+    def construct(self, x, mask=None):
         y = self.proj(x)
+        if mask is not None:
+            y = y * mask
         return y[:, :8], y[:, 8:]
 
 

@@ -228,11 +228,10 @@ class HostBackend(_BackendBase):
         def graph_probe(value, head, path, use_in):
             if isinstance(value, Tensor):
                 return probe_op(value, Tensor(_graph_key_codes(head, 0, path, value.dtype), int32))
-            # None never gets here (the wrappers skip it): with MindSpore 2.9 a capture op
-            # for a None keyword argument made the compiler lose the structure of the
-            # call's output (seen with MindFormers' FreqsMgr).
             if forward_enabled:
-                if isinstance(value, bool):
+                if value is None:
+                    value_op(Tensor(0, int32), Tensor(_graph_key_codes(head, 4, path, None), int32))
+                elif isinstance(value, bool):
                     value_op(Tensor(value, bool_), Tensor(_graph_key_codes(head, 3, path, None), int32))
                 elif isinstance(value, int):
                     value_op(Tensor(value, int64), Tensor(_graph_key_codes(head, 1, path, None), int32))

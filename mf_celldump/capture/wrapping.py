@@ -4,8 +4,8 @@ Arguments are identified by the cell's ``construct`` signature, the same way in 
 modes: a positional-or-keyword parameter is ``input.i`` (its position) whether the
 caller passed it by position or by keyword; a keyword-only parameter is an
 ``input_kwargs`` entry under its name; defaults are applied, so a parameter left at
-its default is recorded too. ``None`` values are not recorded (msprobe has nothing
-to compare in them, and graph mode cannot carry them, see below).
+its default is recorded too. Non-tensor values (int, float, bool, None) are recorded
+as values.
 
 Two wrapper shapes, chosen by execution mode at attach time:
 
@@ -112,8 +112,6 @@ def pynative_construct(info: CellInfo, modes: ArgModes, backend, runtime: Captur
     slots = {slot.name: slot for slot in param_slots(original, info.params)}
 
     def capture(value, slot: str, path: Tuple[int, ...], call: int, mode: str):
-        if value is None:
-            return value
         if isinstance(value, (tuple, list)):
             items = [capture(v, slot, path + (i,), call, mode) for i, v in enumerate(value)]
             if hasattr(value, "_fields"):
@@ -190,8 +188,6 @@ def _graph_helpers(probe: Callable):
         return (first,) + capture_items(items[1:], head, path, flags, index + 1)
 
     def capture(value, head, path, use_in):
-        if value is None:
-            return value
         if isinstance(value, tuple):
             return capture_items(value, head, path, use_in, 0)
         if isinstance(value, list):
