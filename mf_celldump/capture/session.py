@@ -299,7 +299,8 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
     existing = find_attached(network)
     if existing is not None:
         raise AttachError(
-            f"a dump is already attached to {type(model).__name__} ({existing!r}); call detach() on it first"
+            f"a dump is already attached to {type(model).__name__} ({existing!r}), by attach() or a "
+            "CellDumpCallback; use one of them, or call detach() on the other handle first"
         )
     detected_rank, detected_distributed = detect_rank()
     rank = detected_rank if rank is None else rank

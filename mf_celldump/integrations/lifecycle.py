@@ -92,15 +92,8 @@ class DumpLifecycle:
         """Attach to ``network`` unless this run already did; returns the handle."""
         if self.dump is not None:
             return self.dump
-        from mf_celldump.capture.session import AttachError, attach, find_attached
+        from mf_celldump.capture.session import attach  # refuses a network that already has a dump
 
-        existing = find_attached(network)
-        if existing is not None:
-            raise AttachError(
-                f"mf_celldump: a dump is already attached to this network ({existing!r}), by attach() "
-                "or another CellDumpCallback. Use one of them: pass the callback alone, or call "
-                "detach() on the other handle before training."
-            )
         self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)
         self.summary.rank = self.dump.rank
         self.summary.dump_path = self.dump.dump_path
