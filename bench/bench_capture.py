@@ -32,8 +32,8 @@ counted by walking the dump folder after each step, outside the timed region.
 Usage (from the repository root; runs from a temp dir because importing MindFormers
 creates ./output):
 
-    /work/venv/bin/python bench/bench_capture.py            # all configurations
-    /work/venv/bin/python bench/bench_capture.py --only mf_tensor --profile
+    python bench/bench_capture.py            # all configurations
+    python bench/bench_capture.py --only mf_tensor --profile
 """
 
 from __future__ import annotations
@@ -357,12 +357,15 @@ def micro_worker(args) -> dict:
     import numpy as np
     from mindspore import Parameter, Tensor, nn, ops
 
-    from mf_celldump import naming
-    from mf_celldump.capture.backends import DeviceStatsBackend, HostBackend, TensorDumpBackend
+    from mf_celldump.capture.backends import BackendContext
+    from mf_celldump.capture.backends.device_stats import DeviceStatsBackend
+    from mf_celldump.capture.backends.host import HostBackend
+    from mf_celldump.capture.backends.tensordump import TensorDumpBackend
     from mf_celldump.capture.runtime import CaptureRuntime
-    from mf_celldump.capture.writer import RawWriter
     from mf_celldump.config import DumpConfig
     from mf_celldump.fsutil import atomic_write_bytes, safe_join
+    from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_NONE, KIND_TENSOR, SLOT_OUTPUT, ProbeKey
+    from mf_celldump.rawformat.writer import RawWriter
     from mf_celldump.statistics import compute_statistics
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
@@ -389,16 +392,18 @@ def micro_worker(args) -> dict:
         writer = RawWriter(root, 0, "micro")
         writer.prepare_step(5)
         runtime.start_step(5, True)
-        return cls(config, runtime, writer), writer
+        backend = cls(BackendContext(config, runtime, writer))
+        backend.setup(5)
+        return backend, backend.pynative(), writer
 
     root = os.path.join(os.getcwd(), "micro")
-    td_backend, writer = backend_of(TensorDumpBackend, "tensor", os.path.join(root, "td"))
-    stats_backend, _ = backend_of(DeviceStatsBackend, "statistics", os.path.join(root, "stats"))
-    host_backend, _ = backend_of(HostBackend, "tensor", os.path.join(root, "host"))
+    td_raw, td_backend, writer = backend_of(TensorDumpBackend, "tensor", os.path.join(root, "td"))
+    _, stats_backend, _ = backend_of(DeviceStatsBackend, "statistics", os.path.join(root, "stats"))
+    _, host_backend, _ = backend_of(HostBackend, "tensor", os.path.join(root, "host"))
     step_dir = writer.step_dir(5)
 
-    def key(i, direction=naming.FORWARD, kind=naming.VKIND_TENSOR):
-        return naming.ProbeKey(i % 97, direction, naming.SLOT_OUTPUT, kind, (0,), i)
+    def key(i, direction=FORWARD, kind=KIND_TENSOR):
+        return ProbeKey(i % 97, direction, SLOT_OUTPUT, kind, (0,), i)
 
     # -- backward: cost per hooked tensor, in a chain of cells ------------------------
     links = 50
@@ -407,9 +412,9 @@ def micro_worker(args) -> dict:
 
     def hook_mode(h, j, mode):
         if mode == "DumpGradient (TensorDumpBackend.pynative_backward)":
-            return td_backend.pynative_backward(h, key(j, naming.BACKWARD), "out")
+            return td_backend.backward(h, key(j, BACKWARD), "out")
         if mode == "InsertGradientOf(closure) + device stats (DeviceStatsBackend.pynative_backward)":
-            return stats_backend.pynative_backward(h, key(j, naming.BACKWARD), "out")
+            return stats_backend.backward(h, key(j, BACKWARD), "out")
         if mode == "InsertGradientOf(new identity closure per call)":
 
             def identity(g):
@@ -491,29 +496,29 @@ def micro_worker(args) -> dict:
     )
     bench(
         "ops.TensorDump()(path, x), x already computed (write only)",
-        lambda i: td_backend._dump_out(os.path.join(step_dir, f"w{i}"), x),
+        lambda i: td_raw.primitives.dump_out(os.path.join(step_dir, f"w{i}"), x),
     )
     bench(
         "y = x * x; TensorDump(path, y) (waits for y: sync + write)",
-        lambda i: td_backend._dump_out(os.path.join(step_dir, f"s{i}"), x * x),
+        lambda i: td_raw.primitives.dump_out(os.path.join(step_dir, f"s{i}"), x * x),
         n=100,
     )
     bench(
-        "TensorDumpBackend.pynative_forward(x) [mf_celldump, computed x]",
-        lambda i: td_backend.pynative_forward(x, key(i), "out"),
+        "TensorDumpBackend.forward(x) [mf_celldump, computed x]",
+        lambda i: td_backend.forward(x, key(i), "out"),
     )
     bench(
-        "TensorDumpBackend.pynative_forward(None) [non-tensor value -> Tensor(0) + TensorDump]",
-        lambda i: td_backend.pynative_forward(None, key(i, kind=naming.VKIND_NONE), "out"),
+        "TensorDumpBackend.forward(None) [non-tensor value -> Tensor(0) + TensorDump]",
+        lambda i: td_backend.forward(None, key(i, kind=KIND_NONE), "out"),
     )
     bench(
-        "TensorDumpBackend.pynative_backward(x) fwd side [DumpGradient: new InsertGradientOf]",
-        lambda i: td_backend.pynative_backward(x, key(i, naming.BACKWARD), "out"),
+        "TensorDumpBackend.backward(x) fwd side [DumpGradient: new InsertGradientOf]",
+        lambda i: td_backend.backward(x, key(i, BACKWARD), "out"),
         n=100,
     )
     bench(
-        "DeviceStatsBackend.pynative_forward(x) [mf_celldump, computed x]",
-        lambda i: stats_backend.pynative_forward(x, key(i), "out"),
+        "DeviceStatsBackend.forward(x) [mf_celldump, computed x]",
+        lambda i: stats_backend.forward(x, key(i), "out"),
     )
     bench(
         "  of which: ops.stack of 4 computed 0-d tensors (old-style primitive)",
@@ -531,8 +536,8 @@ def micro_worker(args) -> dict:
         per=50,
     )
     bench(
-        "DeviceStatsBackend.pynative_backward(x) fwd side [new InsertGradientOf(closure)]",
-        lambda i: stats_backend.pynative_backward(x, key(i, naming.BACKWARD), "out"),
+        "DeviceStatsBackend.backward(x) fwd side [new InsertGradientOf(closure)]",
+        lambda i: stats_backend.backward(x, key(i, BACKWARD), "out"),
         n=100,
     )
     bench(
@@ -540,8 +545,8 @@ def micro_worker(args) -> dict:
         lambda i: compute_statistics(x.asnumpy(), ("max", "min", "mean", "norm")),
     )
     bench(
-        "HostBackend.pynative_forward(x) [pyfunc Custom op, writes with fsync]",
-        lambda i: (host_backend.pynative_forward(x, key(i), "out"), _sync()),
+        "HostBackend.forward(x) [pyfunc Custom op, writes with fsync]",
+        lambda i: (host_backend.forward(x, key(i), "out"), _sync()),
         n=100,
     )
 

@@ -13,8 +13,8 @@ wall time and peak RSS (VmHWM of the process; ru_maxrss of its worker children) 
             (rename_filename, generate_construct, generate_dump_info, generate_stack_info), called
             directly to leave out its fixed 0.5 s completion poll
 
-Run:  /work/venv/bin/python bench/bench_processing.py            (default, < 10 min on 2 cores)
-      /work/venv/bin/python bench/bench_processing.py --sizes 1000 --large 0 --work /tmp/x
+Run:  python bench/bench_processing.py            (default, < 10 min on 2 cores)
+      python bench/bench_processing.py --sizes 1000 --large 0 --work /tmp/x
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from mf_celldump import naming  # noqa: E402
+from tests import formats as fmt  # noqa: E402
 from tests.rawdump_builder import Net, RawDumpBuilder, llama_net, write_llama_step  # noqa: E402
 
 SMALL_SHAPE = (64, 64)  # 16 KiB of float32
@@ -63,9 +63,10 @@ class MsprobeWriter:
         self.seq = 0
 
     def write(self, cell: int, direction: str, slot: str, array: np.ndarray):
-        key = naming.ProbeKey(cell, direction, slot, naming.VKIND_TENSOR, (0,))
         c = self.cells[cell]
-        name = f"Cell.{c.name}.{c.cls}.{direction}.{key.msprobe_io}.0_{array.dtype.name}_{self.seq}.npy"
+        is_input = (slot == fmt.SLOT_ARG) != (direction == fmt.BACKWARD)
+        io = "input" if is_input else "output"
+        name = f"Cell.{c.name}.{c.cls}.{direction}.{io}.0_{array.dtype.name}_{self.seq}.npy"
         self.seq += 1
         np.save(os.path.join(self.dir, name), array)
 
@@ -122,9 +123,9 @@ def build_flat(workdir: str, files: int, shape, with_msprobe: bool) -> dict:
     step = b.step(0)
     writer = MsprobeWriter(os.path.join(workdir, "msprobe"), b.cells) if with_msprobe else None
     for cell in cells:
-        step.tensor(cell, naming.FORWARD, naming.SLOT_ARG, (0,), array)
+        step.tensor(cell, fmt.FORWARD, fmt.SLOT_ARG, (0,), array)
         if writer is not None:
-            writer.write(cell, naming.FORWARD, naming.SLOT_ARG, array)
+            writer.write(cell, fmt.FORWARD, fmt.SLOT_ARG, array)
     step.done(0)
     info = {"files": files, "layers": files, "calls": 1, "ours": ours, "bytes": files * array.nbytes}
     if writer is not None:
@@ -138,7 +139,7 @@ def build_flat(workdir: str, files: int, shape, with_msprobe: bool) -> dict:
 
 
 def child_ours(path: str, jobs: int) -> dict:
-    from mf_celldump.processing.pipeline import process_dump
+    from mf_celldump.processing.driver import process_dump
 
     start = time.perf_counter()
     report = process_dump(path, jobs=jobs)
@@ -148,7 +149,7 @@ def child_ours(path: str, jobs: int) -> dict:
 
 
 def child_floor(path: str) -> dict:
-    step_dir = os.path.join(path, naming.RAW_ROOT, "rank0", "step0")
+    step_dir = os.path.join(path, fmt.RAW_ROOT, "rank0", "step0")
     start = time.perf_counter()
     count = 0
     for entry in os.scandir(step_dir):

@@ -27,7 +27,7 @@ def __getattr__(name):
 
         return attach
     if name == "process_dump":
-        from mf_celldump.processing.pipeline import process_dump
+        from mf_celldump.processing.driver import process_dump
 
         return process_dump
     if name == "CellDumpCallback":

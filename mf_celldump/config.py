@@ -12,8 +12,9 @@ import dataclasses
 import difflib
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, List, Mapping, Optional, Tuple, Union
+from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
@@ -31,21 +32,47 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class IndexSelection:
-    """A set of non-negative integers (steps or ranks); ``None`` values means all."""
+    """A set of non-negative integers (steps or ranks) kept as sorted, merged inclusive spans.
 
-    values: Optional[FrozenSet[int]] = None
+    ``spans=None`` means all. Spans keep a selection like ``"0-100000000"`` small.
+    """
+
+    spans: Optional[Tuple[Tuple[int, int], ...]] = None
 
     @property
     def selects_all(self) -> bool:
-        return self.values is None
+        return self.spans is None
+
+    @property
+    def values(self) -> Optional[FrozenSet[int]]:
+        """Every selected number (None for all); for small selections such as tests and messages."""
+        if self.spans is None:
+            return None
+        return frozenset(v for lo, hi in self.spans for v in range(lo, hi + 1))
 
     def __contains__(self, item: int) -> bool:
-        return self.values is None or item in self.values
+        return self.spans is None or any(lo <= item <= hi for lo, hi in self.spans)
+
+    def from_value(self, start: int, limit: int) -> List[int]:
+        """Up to ``limit`` selected numbers >= ``start``, ascending (all: ``start``, ``start+1``...)."""
+        spans = self.spans if self.spans is not None else ((start, start + limit - 1),)
+        out: List[int] = []
+        for lo, hi in spans:
+            lo = max(lo, start)
+            if lo <= hi:
+                out.extend(range(lo, min(hi, lo + limit - len(out) - 1) + 1))
+            if len(out) >= limit:
+                break
+        return out
 
     def describe(self) -> str:
-        if self.values is None:
+        if self.spans is None:
             return "all"
-        return ",".join(str(v) for v in sorted(self.values))
+        return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.spans)
+
+    @classmethod
+    def of(cls, values: Iterable[int]) -> IndexSelection:
+        return cls(_merge((v, v) for v in values))
 
     @classmethod
     def parse(cls, value: Any, key: str) -> IndexSelection:
@@ -58,45 +85,78 @@ class IndexSelection:
         if isinstance(value, int):
             items = [value]
         elif isinstance(value, str):
-            items = [part for part in value.split(",")]
+            items = value.split(",", MAX_SELECTION_ITEMS)
         elif isinstance(value, (list, tuple, set, frozenset)):
             items = list(value)
         else:
             raise ConfigError(_bad(key, value, "'all', an integer, a list, or a string like '0,5-7'"))
-        chosen = set()
-        for item in items:
-            chosen.update(_parse_index_item(item, key))
-        if not chosen:
-            raise ConfigError(f"{key}: {value!r} selects nothing; use 'all' or list at least one number")
-        return cls(frozenset(chosen))
+        if len(items) > MAX_SELECTION_ITEMS:
+            raise ConfigError(f"{key}: more than {MAX_SELECTION_ITEMS} items; use ranges like '0-999'")
+        spans = _merge(_parse_index_item(item, key) for item in items)
+        if not spans:
+            raise ConfigError(f"{key}: {short_repr(value)} selects nothing; use 'all' or list at least one number")
+        return cls(spans)
 
 
-_RANGE_RE = re.compile(r"^\s*([0-9]+)\s*-\s*([0-9]+)\s*$")
-_NUMBER_RE = re.compile(r"^[0-9]+$")
+MAX_SELECTION_ITEMS = 10_000
+_RANGE_RE = re.compile(r"^\s*([0-9]{1,15})\s*-\s*([0-9]{1,15})\s*$")
+_NUMBER_RE = re.compile(r"^[0-9]{1,15}$")
 
 
-def _parse_index_item(item: Any, key: str) -> range:
+def _merge(spans: Iterable[Tuple[int, int]]) -> Tuple[Tuple[int, int], ...]:
+    merged: List[List[int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in merged)
+
+
+def _parse_index_item(item: Any, key: str) -> Tuple[int, int]:
     if isinstance(item, bool):
         raise ConfigError(_bad(key, item, "non-negative integers or ranges like '5-7'"))
     if isinstance(item, int):
         if item < 0:
             raise ConfigError(_bad(key, item, "non-negative integers"))
-        return range(item, item + 1)
+        return (item, item)
     if isinstance(item, str):
         text = item.strip()
         if _NUMBER_RE.match(text):
-            return range(int(text), int(text) + 1)
+            return (int(text), int(text))
         m = _RANGE_RE.match(text)
         if m:
             lo, hi = int(m.group(1)), int(m.group(2))
             if lo > hi:
-                raise ConfigError(f"{key}: range {text!r} is reversed; write it as '{hi}-{lo}'")
-            return range(lo, hi + 1)
+                raise ConfigError(f"{key}: range {short_repr(text)} is reversed; write it as '{hi}-{lo}'")
+            return (lo, hi)
     raise ConfigError(_bad(key, item, "non-negative integers or ranges like '5-7'"))
 
 
+# Values in messages are shown through reprlib: a short text whatever the value's size or
+# depth (a YAML alias bomb expands to billions of items when fully repr'd).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
+_SHORT.maxlevel = 3
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to a few dozen characters, in time independent of the value's size."""
+    return _SHORT.repr(value)
+
+
 def _bad(key: str, value: Any, valid: str) -> str:
-    return f"{key}: invalid value {value!r}; valid: {valid}"
+    return f"{key}: invalid value {short_repr(value)}; valid: {valid}"
+
+
+def resolve_jobs(jobs: Any, key: str = "jobs") -> int:
+    """Worker processes for processing: a positive integer, or None for the CPU count."""
+    if jobs is None:
+        return os.cpu_count() or 1
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(_bad(key, jobs, "a positive integer (worker processes for processing)"))
+    return jobs
 
 
 def _choice(key: str, value: Any, choices: Tuple[str, ...]) -> str:
@@ -107,7 +167,7 @@ def _choice(key: str, value: Any, choices: Tuple[str, ...]) -> str:
         close = difflib.get_close_matches(value, choices, n=1)
         if close:
             hint = f" (did you mean {close[0]!r}?)"
-    raise ConfigError(f"{key}: invalid value {value!r}{hint}; valid: {', '.join(choices)}")
+    raise ConfigError(f"{key}: invalid value {short_repr(value)}{hint}; valid: {', '.join(choices)}")
 
 
 def _str_list(key: str, value: Any) -> Tuple[str, ...]:
@@ -189,9 +249,9 @@ class DumpConfig:
         known = cls.keys()
         for key in values:
             if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
+                close = difflib.get_close_matches(short_repr(key), known, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{source}: unknown key {key!r}{hint}; valid keys: {', '.join(known)}")
+                raise ConfigError(f"{source}: unknown key {short_repr(key)}{hint}; valid keys: {', '.join(known)}")
         kwargs: dict = {}
         if "dump_path" in values and values["dump_path"] is not None:
             path = values["dump_path"]
@@ -230,10 +290,7 @@ class DumpConfig:
                 raise ConfigError(_bad("process_on_train_end", flag, "true or false"))
             kwargs["process_on_train_end"] = flag
         if "jobs" in values and values["jobs"] is not None:
-            jobs = values["jobs"]
-            if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-                raise ConfigError(_bad("jobs", jobs, "a positive integer (worker processes for processing)"))
-            kwargs["jobs"] = jobs
+            kwargs["jobs"] = resolve_jobs(values["jobs"])
         return cls(**kwargs)
 
     @classmethod

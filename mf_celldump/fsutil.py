@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
@@ -205,6 +206,46 @@ def retire_and_remove(path: str, removing: str) -> None:
         remove_tree(removing)
         os.rename(path, removing)
     remove_tree(removing)
+
+
+MAX_JSON_BYTES = 256 << 20  # manifests and markers are far smaller; refuse to load more
+
+
+def read_bytes_inside(path: str, root_real: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """Content of our own file at ``path``: a plain file inside ``root_real``, never through a link.
+
+    A symlink (``O_NOFOLLOW``), a folder or device, a file whose folder resolves outside
+    the dump, or a file larger than ``max_bytes`` is refused with an OSError/ValueError
+    that names it.
+    """
+    check_inside(root_real, os.path.dirname(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a plain file")
+        if info.st_size > max_bytes:
+            raise ValueError(f"{path}: {info.st_size} bytes, more than the {max_bytes} expected of this file")
+        return handle.read(max_bytes + 1)[:max_bytes]
+
+
+def read_json_inside(path: str, root_real: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse our own JSON file (see ``read_bytes_inside``); bad JSON raises ValueError."""
+    return json.loads(read_bytes_inside(path, root_real, max_bytes))
+
+
+def writable_dir_problem(path: str, create: bool) -> Optional[str]:
+    """Why ``path`` cannot serve as a dump folder (None when it can); creates it when ``create``."""
+    if create:
+        try:
+            os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+        except OSError as err:
+            return f"{path!r} cannot be created: {err.strerror}"
+    elif not os.path.exists(path):
+        return None
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        return f"{path!r} is not a writable directory"
+    return None
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Writes synthetic raw capture dumps in the documented raw format (docs/raw-format.md).
 
-Names come from ``mf_celldump.naming``; data is real numpy arrays written with
-``np.save``. Used by the processing tests and the processing benchmark. A
+Names come from ``tests.formats`` (literal, independent of the package); data is real
+numpy arrays written with ``np.save``. Used by the processing tests and the processing benchmark. A
 :class:`StepWriter` hands out ``seq`` numbers in the order values are written, so the
 order of calls below *is* the execution order the raw dump describes.
 """
@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mf_celldump import naming
+from tests import formats as fmt
 
 # fmt: off
 KBK_HEADER = [
@@ -66,7 +66,7 @@ class RawDumpBuilder:
 
     @property
     def rank_dir(self) -> str:
-        return os.path.join(self.dump_path, naming.RAW_ROOT, naming.raw_rank_dir_name(self.rank))
+        return os.path.join(self.dump_path, fmt.RAW_ROOT, fmt.raw_rank_dir_name(self.rank))
 
     def cell(self, name: str, cls: str, params: Sequence[str] = (), **extra) -> int:
         spec = CellSpec(len(self.cells), name, cls, tuple(params), **extra)
@@ -76,7 +76,7 @@ class RawDumpBuilder:
     def write_manifest(self) -> str:
         os.makedirs(self.rank_dir, exist_ok=True)
         manifest = {
-            "format": "mf_celldump-raw/1",
+            "format": fmt.RAW_FORMAT,
             "run_id": "test-run",
             "config": {"task": self.task},
             "task": self.task,
@@ -100,19 +100,19 @@ class RawDumpBuilder:
                 for c in self.cells
             ],
         }
-        path = os.path.join(self.rank_dir, naming.MANIFEST_FILE)
+        path = os.path.join(self.rank_dir, fmt.MANIFEST_FILE)
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=1)
         return path
 
     def step(self, folder_step: int) -> StepWriter:
-        return StepWriter(self, os.path.join(self.rank_dir, naming.step_dir_name(folder_step)))
+        return StepWriter(self, os.path.join(self.rank_dir, fmt.step_dir_name(folder_step)))
 
     def kbk_csv(
         self, iteration: int, rows: List[Dict[str, object]], graph: str = "0", name: str = "statistic.csv"
     ):
         """Write a MindSpore-style statistic.csv (documented columns) for one iteration."""
-        folder = os.path.join(self.rank_dir, naming.KBK_DIR, "Net", graph, str(iteration))
+        folder = os.path.join(self.rank_dir, fmt.KBK_DIR, "Net", graph, str(iteration))
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, name)
         with open(path, "w", newline="", encoding="utf-8") as handle:
@@ -124,10 +124,10 @@ class RawDumpBuilder:
 
 
 def kbk_rows(
-    key: naming.ProbeKey, array: np.ndarray, timestamp: int, dtype: Optional[str] = None
+    key: fmt.Key, array: np.ndarray, timestamp: int, dtype: Optional[str] = None
 ) -> List[dict]:
     """The rows MindSpore writes for one TensorDump kernel: the file-name input (slot 0) and the tensor."""
-    op_name = f"Default/network/TensorDump-op{timestamp}|{naming.raw_stem(key, sep='-')}"
+    op_name = f"Default/network/TensorDump-op{timestamp}|{fmt.raw_stem(key, sep='-')}"
     stats = numpy_stats(array)
     common = {"Op Type": "TensorDump", "Op Name": op_name, "Task ID": "1", "Stream ID": "0"}
     common.update({"Timestamp": timestamp, "IO": "input"})
@@ -177,13 +177,11 @@ class StepWriter:
         in_mode: bool = False,
     ) -> str:
         """A raw tensor file; ``dtype_name='bfloat16'`` stores float32 data under a bfloat16 name."""
-        key = naming.ProbeKey(cell, direction, slot, naming.VKIND_TENSOR, tuple(path), call)
+        key = fmt.Key(cell, direction, slot, fmt.KIND_TENSOR, tuple(path), call)
         dtype = dtype_name or array.dtype.name
         seq = self._next()
-        if in_mode:
-            name = f"{naming.raw_stem(key)}_in_{dtype}_{seq}.npy"
-        else:
-            name = naming.raw_tensor_file_name(key, dtype, seq)
+        suffix = "_in" if in_mode else ""
+        name = f"{fmt.raw_stem(key)}{suffix}_{dtype}_{seq}.npy"
         target = os.path.join(self.path, name)
         np.save(target, array)
         return target
@@ -199,10 +197,10 @@ class StepWriter:
         call: Optional[int] = None,
     ) -> str:
         """A non-tensor value travelling as a scalar tensor file."""
-        key = naming.ProbeKey(cell, direction, slot, kind, tuple(path), call)
+        key = fmt.Key(cell, direction, slot, kind, tuple(path), call)
         array = np.array(0 if value is None else value)
         seq = self._next()
-        target = os.path.join(self.path, naming.raw_tensor_file_name(key, array.dtype.name, seq))
+        target = os.path.join(self.path, fmt.raw_tensor_file_name(key, array.dtype.name, seq))
         np.save(target, array)
         return target
 
@@ -212,7 +210,7 @@ class StepWriter:
         direction: str,
         slot: str,
         path: Sequence[int],
-        kind: str = naming.VKIND_TENSOR,
+        kind: str = fmt.KIND_TENSOR,
         array: Optional[np.ndarray] = None,
         value=None,
         call: Optional[int] = None,
@@ -229,19 +227,19 @@ class StepWriter:
             "call": call,
             "path": list(path),
         }
-        if kind == naming.VKIND_TENSOR:
+        if kind == fmt.KIND_TENSOR:
             spelling = {"float32": "Float32", "float16": "Float16", "int64": "Int64"}
             obj["dtype"] = dtype or spelling[array.dtype.name]
             obj["shape"] = list(array.shape)
             obj["stats"] = stats if stats is not None else numpy_stats(array)
         else:
             obj["value"] = value
-        with open(os.path.join(self.path, naming.RECORDS_FILE), "a", encoding="utf-8") as handle:
+        with open(os.path.join(self.path, fmt.RECORDS_FILE), "a", encoding="utf-8") as handle:
             handle.write(json.dumps(obj) + "\n")
         return obj
 
     def done(self, step: int) -> None:
-        with open(os.path.join(self.path, naming.STEP_DONE_FILE), "w", encoding="utf-8") as handle:
+        with open(os.path.join(self.path, fmt.STEP_DONE_FILE), "w", encoding="utf-8") as handle:
             json.dump({"step": step, "complete": True}, handle)
 
 
@@ -313,20 +311,20 @@ def write_llama_step(
         count += 1
 
     def forward(cell: int):
-        key = (cell, naming.FORWARD)
+        key = (cell, fmt.FORWARD)
         call_count[key] = call_count.get(key, -1) + 1
-        emit(cell, naming.FORWARD, naming.SLOT_ARG)
+        emit(cell, fmt.FORWARD, fmt.SLOT_ARG)
         for sub in net.children[cell]:
             forward(sub)
-        emit(cell, naming.FORWARD, naming.SLOT_OUTPUT)
+        emit(cell, fmt.FORWARD, fmt.SLOT_OUTPUT)
 
     def backward_pass(cell: int):
-        key = (cell, naming.BACKWARD)
+        key = (cell, fmt.BACKWARD)
         call_count[key] = call_count.get(key, -1) + 1
-        emit(cell, naming.BACKWARD, naming.SLOT_OUTPUT)
+        emit(cell, fmt.BACKWARD, fmt.SLOT_OUTPUT)
         for sub in reversed(net.children[cell]):
             backward_pass(sub)
-        emit(cell, naming.BACKWARD, naming.SLOT_ARG)
+        emit(cell, fmt.BACKWARD, fmt.SLOT_ARG)
 
     for _ in range(calls):
         forward(net.root)
@@ -334,8 +332,8 @@ def write_llama_step(
         # explicit backward call numbers pair with forward ones: the last forward is backward call 0
         if explicit_calls:
             for (cell, direction), _n in list(call_count.items()):
-                if direction == naming.FORWARD:
-                    call_count[(cell, naming.BACKWARD)] = -1
+                if direction == fmt.FORWARD:
+                    call_count[(cell, fmt.BACKWARD)] = -1
         for _ in range(calls):
             backward_pass(net.root)
     return count
@@ -343,12 +341,12 @@ def write_llama_step(
 
 def read_output(dump_path: str, step: int, rank_dir: str = "rank") -> Dict[str, object]:
     """The processed folder's three JSON files, parsed: {"dump": ..., "construct": ..., "stack": ...}."""
-    folder = os.path.join(dump_path, naming.step_dir_name(step), rank_dir)
+    folder = os.path.join(dump_path, fmt.step_dir_name(step), rank_dir)
     out = {}
     for key, name in (
-        ("dump", naming.DUMP_JSON),
-        ("construct", naming.CONSTRUCT_JSON),
-        ("stack", naming.STACK_JSON),
+        ("dump", fmt.DUMP_JSON),
+        ("construct", fmt.CONSTRUCT_JSON),
+        ("stack", fmt.STACK_JSON),
     ):
         with open(os.path.join(folder, name), encoding="utf-8") as handle:
             out[key] = json.load(handle)

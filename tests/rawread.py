@@ -10,11 +10,11 @@ from collections import defaultdict
 
 import numpy as np
 
-from mf_celldump import naming
+from tests import formats as fmt
 
 
 def read_manifest(rank_dir):
-    with open(os.path.join(rank_dir, naming.MANIFEST_FILE)) as handle:
+    with open(os.path.join(rank_dir, fmt.MANIFEST_FILE)) as handle:
         return json.load(handle)
 
 
@@ -23,18 +23,18 @@ def read_step(step_dir, manifest):
     names = {c["id"]: c["name"] for c in manifest["cells"]}
     items = []  # (seq, key, value)
     for file_name in os.listdir(step_dir):
-        parsed = naming.parse_raw_tensor_name(file_name)
+        parsed = fmt.parse_raw_tensor_name(file_name)
         if parsed is not None:
             value = np.load(os.path.join(step_dir, file_name), allow_pickle=False)
-            if parsed.key.vkind != naming.VKIND_TENSOR:  # a non-tensor value sent as a scalar tensor
-                value = {"value": None if parsed.key.vkind == naming.VKIND_NONE else value.item()}
+            if parsed.key.kind != fmt.KIND_TENSOR:  # a non-tensor value sent as a scalar tensor
+                value = {"value": None if parsed.key.kind == fmt.KIND_NONE else value.item()}
             items.append((parsed.seq, parsed.key, value))
-    records = os.path.join(step_dir, naming.RECORDS_FILE)
+    records = os.path.join(step_dir, fmt.RECORDS_FILE)
     if os.path.exists(records):
         with open(records) as handle:
             for line in handle:
                 rec = json.loads(line)
-                key = naming.ProbeKey(rec["cell"], rec["dir"], rec["slot"], rec["kind"], tuple(rec["path"]),
+                key = fmt.Key(rec["cell"], rec["dir"], rec["slot"], rec["kind"], tuple(rec["path"]),
                                       rec["call"])
                 items.append((rec["seq"], key, rec))
     items.sort(key=lambda item: item[0])
@@ -47,7 +47,7 @@ def read_step(step_dir, manifest):
         for k, (key, value) in enumerate(occurrences):
             if key.call is not None:
                 call = key.call
-            elif direction == naming.FORWARD:
+            elif direction == fmt.FORWARD:
                 call = k
             else:
                 call = count - 1 - k

@@ -7,6 +7,7 @@ fresh cells and of the whole network.
 """
 
 import os
+import zlib
 
 import mindspore as ms
 import numpy as np
@@ -14,9 +15,9 @@ import pytest
 from mindspore import Tensor, nn
 
 import mf_celldump
-from mf_celldump import naming
 from mf_celldump.capture.session import AttachError, find_attached
 from tests import capture_net as cn
+from tests import formats as fmt
 from tests.rawread import read_manifest, read_step
 
 STEPS = 3
@@ -56,11 +57,11 @@ def baselines():
 
 
 def _raw_steps(dump_path, rank=0):
-    rank_dir = os.path.join(dump_path, naming.RAW_ROOT, naming.raw_rank_dir_name(rank))
+    rank_dir = os.path.join(dump_path, fmt.RAW_ROOT, fmt.raw_rank_dir_name(rank))
     manifest = read_manifest(rank_dir)
     steps = {}
     for name in os.listdir(rank_dir):
-        step = naming.parse_step_dir_name(name)
+        step = fmt.parse_step_dir_name(name)
         if step is not None:
             steps[step] = os.path.join(rank_dir, name)
     return manifest, steps
@@ -103,7 +104,7 @@ def test_every_record_and_value(tmp_path, mode, backend):
     expected = _expected_keys()
     cn.set_mode("pynative")  # independent computations run eagerly
     for step, step_dir in sorted(steps.items()):
-        assert os.path.exists(os.path.join(step_dir, naming.STEP_DONE_FILE))
+        assert os.path.exists(os.path.join(step_dir, fmt.STEP_DONE_FILE))
         records = read_step(step_dir, manifest)
         assert set(records) == expected, f"step {step}: {set(records) ^ expected}"
         assert records[("gate", "forward", "a", (1,), 0)]["value"] == 2
@@ -199,7 +200,7 @@ def test_training_is_bitwise_unchanged(tmp_path, baselines, mode, task, data_mod
     _, steps = _raw_steps(str(tmp_path))
     assert sorted(steps) == [0, 1, 2]
     files = os.listdir(steps[1])
-    directions = {naming.parse_raw_tensor_name(f).key.direction for f in files if f.endswith(".npy")}
+    directions = {fmt.parse_raw_tensor_name(f).key.direction for f in files if f.endswith(".npy")}
     if task == "tensor":
         assert directions == ({"forward", "backward"} if data_mode == "all" else {data_mode})
     else:
@@ -208,8 +209,6 @@ def test_training_is_bitwise_unchanged(tmp_path, baselines, mode, task, data_mod
 
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_statistics_equal_numpy(tmp_path, mode):
-    from mf_celldump.statistics import compute_statistics
-
     stats = ["max", "min", "mean", "norm", "md5", "nan_count", "inf_count"]
     _train(mode, {"dump_path": str(tmp_path / "t"), "task": "tensor"})
     _train(mode, {"dump_path": str(tmp_path / "s"), "task": "statistics", "statistics": stats})
@@ -221,17 +220,22 @@ def test_statistics_equal_numpy(tmp_path, mode):
         tensors = read_step(steps_t[step], manifest_t)
         records = read_step(steps_s[step], manifest_s)
         assert set(records) == set(tensors)
+        compared = 0
         for key, array in tensors.items():
             record = records[key]
             if not isinstance(array, np.ndarray):
                 assert record["value"] == array["value"]
                 continue
-            want = compute_statistics(array, stats)
+            wide = array.astype(np.float64).ravel()
+            want = {"Max": array.max(), "Min": array.min(), "Mean": wide.mean(), "Norm": np.sqrt(wide @ wide)}
             assert record["dtype"] == "Float32" and record["shape"] == list(array.shape)
-            for name in ("Max", "Min", "Mean", "Norm"):
-                assert record["stats"][name] == pytest.approx(want[name], rel=1e-5, abs=1e-6), (key, name)
-            for name in ("md5", "nan_count", "inf_count"):
-                assert record["stats"][name] == want[name], (key, name)
+            for name, value in want.items():
+                assert record["stats"][name] == pytest.approx(float(value), rel=1e-5, abs=1e-6), (key, name)
+            assert record["stats"]["md5"] == f"{zlib.crc32(array.tobytes()) & 0xFFFFFFFF:08x}", key
+            assert record["stats"]["nan_count"] == int(np.isnan(array).sum()), key
+            assert record["stats"]["inf_count"] == int(np.isinf(array).sum()), key
+            compared += 1
+        assert compared >= 20, f"step {step}: only {compared} tensors compared"
 
 
 def _all_files(root):
@@ -267,7 +271,7 @@ def test_detach_restores_cells_and_stops_writing(tmp_path, mode):
     dump.begin_step(5)  # a detached dump ignores further steps
     train(x)
     dump.end_step()
-    assert not os.path.exists(os.path.join(tmp_path, naming.RAW_ROOT, "rank0", "step5"))
+    assert not os.path.exists(os.path.join(tmp_path, fmt.RAW_ROOT, "rank0", "step5"))
 
 
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
@@ -293,7 +297,7 @@ def test_rank_comes_from_environment(tmp_path, monkeypatch):
     dump = mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path), "ranks": "3"})
     assert (dump.rank, dump.distributed) == (3, True)
     dump.detach()
-    assert read_manifest(str(tmp_path / naming.RAW_ROOT / "rank3"))["distributed"] is True
+    assert read_manifest(str(tmp_path / fmt.RAW_ROOT / "rank3"))["distributed"] is True
 
 
 def test_names_do_not_depend_on_wrappers(tmp_path):
@@ -336,43 +340,51 @@ def test_cell_selection_include_exclude(tmp_path):
     dump.detach()
 
 
-def test_layer_mapping_modes_reach_the_backend(tmp_path, monkeypatch):
-    """Per-argument in/out modes from a user mapping file are applied by argument index."""
-    from mf_celldump.capture.backends import TensorDumpBackend
+class _AscendNamedTensorDump:
+    """Stands in for ``ops.TensorDump`` in PyNative: writes the file at once, adding ``_in`` in
+    "in" mode as TensorDump does on Ascend (on CPU the real op ignores the mode)."""
 
+    counter = [0]
+
+    def __init__(self, input_output="out"):
+        self.mode = input_output
+
+    def __call__(self, path, x):
+        suffix = "_in" if self.mode == "in" else ""
+        array = x.asnumpy()
+        np.save(f"{path}{suffix}_{array.dtype.name}_{self.counter[0]}.npy", array)
+        self.counter[0] += 1
+
+
+def test_layer_mapping_modes_reach_the_captured_files(tmp_path, monkeypatch):
+    """Per-argument in/out modes from a user mapping file are applied by argument index."""
+    monkeypatch.setattr(ms.ops, "TensorDump", _AscendNamedTensorDump)
     mapping = tmp_path / "mapping.yaml"
     mapping.write_text("Net:\n  gate: gate([in, _], [in])  # x in, scale default; output in\n"
                        "TopLayer:\n  split: split([], [_, in])\n")
-    seen = {}
-    original_forward = TensorDumpBackend.pynative_forward
-    original_backward = TensorDumpBackend.pynative_backward
-
-    def spy_forward(self, value, key, mode):
-        seen[("forward", key.cell_id, key.slot, key.path)] = mode
-        return original_forward(self, value, key, mode)
-
-    def spy_backward(self, tensor, key, mode):
-        seen[("backward", key.cell_id, key.slot, key.path)] = mode
-        return original_backward(self, tensor, key, mode)
-
-    monkeypatch.setattr(TensorDumpBackend, "pynative_forward", spy_forward)
-    monkeypatch.setattr(TensorDumpBackend, "pynative_backward", spy_backward)
     _, _, _, dump = _train("pynative", {"dump_path": str(tmp_path / "d"), "task": "tensor",
                                         "backend": "tensordump", "layer_mapping": [str(mapping)]}, steps=1)
-    ids = {c.name: c.id for c in dump.cells}
+    ids = {c.name: c.cell_id for c in dump.cells}
+    _, steps = _raw_steps(str(tmp_path / "d"))
+    modes = {}
+    for name in os.listdir(steps[0]):
+        parsed = fmt.parse_raw_tensor_name(name)
+        if parsed is not None:
+            key = parsed.key
+            modes[(key.direction, key.cell_id, key.slot, key.path)] = "in" if parsed.in_mode else "out"
     for direction in ("forward", "backward"):
-        assert seen[(direction, ids["gate"], "a", (0,))] == "in"
-        assert seen[(direction, ids["gate"], "o", (0,))] == "in"
-        assert seen[(direction, ids["split"], "o", (1,))] == "in"
-        assert seen[(direction, ids["split"], "o", (0,))] == "out"
-    assert seen[("forward", ids["embed"], "a", (0,))] == "out"
-    assert seen[("forward", ids["gate"], "a", (1,))] == "out"
+        assert modes[(direction, ids["gate"], "a", (0,))] == "in"
+        assert modes[(direction, ids["gate"], "o", (0,))] == "in"
+        assert modes[(direction, ids["split"], "o", (1,))] == "in"
+        assert modes[(direction, ids["split"], "o", (0,))] == "out"
+    assert modes[("forward", ids["embed"], "a", (0,))] == "out"
+    assert modes[("forward", ids["gate"], "a", (1,))] == "out"
 
 
 def test_graph_tensordump_path_compiles_up_to_the_ascend_kernel(tmp_path):
     """Ascend-only path, checked as far as CPU allows: the graph wrapper with TensorDump /
     DumpGradient parses and builds its file paths; only kernel selection fails on CPU."""
-    from mf_celldump.capture.backends import _make_graph_path
+    from mf_celldump.capture.backends.tensordump import _make_graph_path
 
     graph_path = _make_graph_path()
     assert graph_path("/r/{step}/", (3, 2), "b", (1, 0), ".") == "/r/{step}/c3.b.o.t.nx.p1.0"
@@ -398,6 +410,6 @@ def test_a_step_that_raises_is_left_raw_and_unfinished(tmp_path):
     dump.detach()
     assert dump.captured_steps == [0]
     _, steps = _raw_steps(str(tmp_path))
-    assert os.path.exists(os.path.join(steps[0], naming.STEP_DONE_FILE))
-    assert not os.path.exists(os.path.join(steps[1], naming.STEP_DONE_FILE))
+    assert os.path.exists(os.path.join(steps[0], fmt.STEP_DONE_FILE))
+    assert not os.path.exists(os.path.join(steps[1], fmt.STEP_DONE_FILE))
     assert [f for f in os.listdir(steps[1]) if f.endswith(".npy")]

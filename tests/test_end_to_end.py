@@ -6,8 +6,8 @@ import os
 import pytest
 
 import mf_celldump
-from mf_celldump import naming
 from tests import capture_net as cn
+from tests import formats as fmt
 from tests.msprobe_cli import compare_rows, graph_nodes
 
 pytest.importorskip("msprobe")
@@ -92,5 +92,5 @@ def test_graph_visualize_builds_the_model_hierarchy(tmp_path, mode):
             assert nodes[entry] == parent, entry
         else:
             assert not str(nodes[entry]).startswith("Cell."), entry
-    assert {naming.split_entry_name(entry)[0] for entry in construct} == set(cn.CAPTURED_CELLS)
+    assert {fmt.split_entry_name(entry)[0] for entry in construct} == set(cn.CAPTURED_CELLS)
     assert len(construct) == 2 * sum(cn.CALLS_PER_STEP.values())

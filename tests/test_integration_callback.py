@@ -180,19 +180,19 @@ def test_compile_hook_is_scoped_and_weak():
 
 
 def test_initial_step_offset_follows_mindformers_monitors():
-    from mf_celldump.integrations.callback import _initial_step_offset
+    from mf_celldump.integrations.mindspore_callback import initial_step_offset
 
     monitor = type("MFLossMonitor", (), {"__module__": "mindformers.core.callback.callback"})()
     monitor.initial_step = 7
     stranger = type("Other", (), {})()
     stranger.initial_step = 99
     me = object()
-    assert _initial_step_offset({"list_callback": [me, stranger, monitor], "initial_step": None}, me) == 7
+    assert initial_step_offset({"list_callback": [me, stranger, monitor], "initial_step": None}, me) == 7
     # MindSpore's own initial_step (fault-tolerance restarts) wins, as in MindFormers' monitors.
-    assert _initial_step_offset({"list_callback": [monitor], "initial_step": 0}, me) == 0
-    assert _initial_step_offset({"list_callback": [stranger]}, me) == 0
+    assert initial_step_offset({"list_callback": [monitor], "initial_step": 0}, me) == 0
+    assert initial_step_offset({"list_callback": [stranger]}, me) == 0
     dataset = type("Dataset", (), {"get_init_step": lambda self: 4})()
-    assert _initial_step_offset({"list_callback": [stranger], "train_dataset": dataset}, me) == 4
+    assert initial_step_offset({"list_callback": [stranger], "train_dataset": dataset}, me) == 4
 
 
 def test_register_path_command(capsys):

@@ -9,14 +9,14 @@ import zlib
 import numpy as np
 import pytest
 
-from mf_celldump import naming
 from mf_celldump.processing import npystats
-from mf_celldump.processing.pipeline import process_dump
+from mf_celldump.processing.driver import process_dump
+from tests import formats as fmt
 from tests.rawdump_builder import RawDumpBuilder, kbk_rows, numpy_stats, read_output
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-F, B = naming.FORWARD, naming.BACKWARD
-A, K, OUT = naming.SLOT_ARG, naming.SLOT_KWARG, naming.SLOT_OUTPUT
+F, B = fmt.FORWARD, fmt.BACKWARD
+A, K, OUT = fmt.SLOT_ARG, fmt.SLOT_KWARG, fmt.SLOT_OUTPUT
 
 
 def _arr(seed, shape=(3, 4), dtype=np.float32):
@@ -83,7 +83,7 @@ def test_layout_dtypes_stats_and_data_files(dump):
     assert os.stat(os.path.join(dump, "step0", "rank")).st_mode & 0o777 == 0o750
     # raw step is gone, the manifest stays
     assert not os.path.exists(os.path.join(b.rank_dir, "step0"))
-    assert os.path.exists(os.path.join(b.rank_dir, naming.MANIFEST_FILE))
+    assert os.path.exists(os.path.join(b.rank_dir, fmt.MANIFEST_FILE))
 
 
 def test_numeric_argument_order_kwargs_nesting_and_values(dump):
@@ -99,11 +99,11 @@ def test_numeric_argument_order_kwargs_nesting_and_values(dump):
     s.tensor(cell, F, K, (2, 0), _arr(22), call=0)  # scale[0]
     s.tensor(cell, F, OUT, (1, 0), _arr(23), call=0)
     s.tensor(cell, F, OUT, (1, 1), _arr(24), call=0)
-    s.value_file(cell, F, OUT, (0,), naming.VKIND_INT, 7, call=0)
-    s.value_file(cell, F, OUT, (2,), naming.VKIND_FLOAT, 0.5, call=0)
-    s.value_file(cell, F, OUT, (3,), naming.VKIND_BOOL, True, call=0)
-    s.value_file(cell, F, OUT, (4,), naming.VKIND_NONE, None, call=0)
-    s.record(cell, F, OUT, (5,), kind=naming.VKIND_INT, value=42, call=0)
+    s.value_file(cell, F, OUT, (0,), fmt.KIND_INT, 7, call=0)
+    s.value_file(cell, F, OUT, (2,), fmt.KIND_FLOAT, 0.5, call=0)
+    s.value_file(cell, F, OUT, (3,), fmt.KIND_BOOL, True, call=0)
+    s.value_file(cell, F, OUT, (4,), fmt.KIND_NONE, None, call=0)
+    s.record(cell, F, OUT, (5,), kind=fmt.KIND_INT, value=42, call=0)
     s.done(0)
     report = process_dump(dump, jobs=1)
     assert report.ok, report.summary()
@@ -303,7 +303,7 @@ def test_statistics_task_records_md5_nan_inf_and_torn_line(dump):
     s.record(cell, F, A, (0,), array=_arr(1), stats=given, call=0)
     weird = np.array([1.0, np.nan, np.inf, -2.0], np.float32)
     s.tensor(cell, F, OUT, (0,), weird, call=0)  # a file in a statistics task: statistics only, no data file
-    with open(os.path.join(s.path, naming.RECORDS_FILE), "a") as handle:
+    with open(os.path.join(s.path, fmt.RECORDS_FILE), "a") as handle:
         handle.write('{"seq": 99, "cell": 0, "di')  # torn: the run was killed mid-line
     s.done(0)
     report = process_dump(dump, jobs=1)
@@ -312,7 +312,7 @@ def test_statistics_task_records_md5_nan_inf_and_torn_line(dump):
     result = read_output(dump, 0)
     body = result["dump"]
     assert body["task"] == "statistics" and body["dump_data_dir"] is None
-    assert not os.path.exists(os.path.join(result["folder"], naming.TENSOR_DIR))
+    assert not os.path.exists(os.path.join(result["folder"], fmt.TENSOR_DIR))
     entry = body["data"]["Cell.c.C.forward.0"]
     record = entry["input_args"][0]
     assert record == {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [3, 4], **given}
@@ -369,8 +369,8 @@ def test_kbk_statistic_csv(dump):
     cell = b.cell("net.fc", "Dense", ("x",))
     b.write_manifest()
     x, y = _arr(1), _arr(2, dtype=np.float16)
-    kin = naming.ProbeKey(cell, F, A, naming.VKIND_TENSOR, (0,), None)
-    kout = naming.ProbeKey(cell, F, OUT, naming.VKIND_TENSOR, (0,), None)
+    kin = fmt.Key(cell, F, A, fmt.KIND_TENSOR, (0,), None)
+    kout = fmt.Key(cell, F, OUT, fmt.KIND_TENSOR, (0,), None)
     other = {"Op Type": "MatMul", "Op Name": "Default/network/MatMul-op3", "IO": "input", "Slot": 0,
              "Data Type": "float32", "Shape": "(3,4)", "Timestamp": 5}  # fmt: skip
     rows = kbk_rows(kout, y, timestamp=300) + [other] + kbk_rows(kin, x, timestamp=100)
@@ -383,7 +383,7 @@ def test_kbk_statistic_csv(dump):
     assert entry["input_args"][0]["dtype"] == "Float32" and entry["input_args"][0]["shape"] == [3, 4]
     assert entry["output"][0]["dtype"] == "Float16"
     _assert_stats(entry["output"][0], y)
-    kbk = os.path.join(b.rank_dir, naming.KBK_DIR, "Net", "0")
+    kbk = os.path.join(b.rank_dir, fmt.KBK_DIR, "Net", "0")
     assert sorted(os.listdir(kbk)) == ["3"]  # iteration 2 consumed and removed, 3 left (not selected)
 
 
@@ -410,9 +410,9 @@ def test_selection_and_only_complete(dump):
 POOL_SCRIPT = """
 import logging, sys
 logging.basicConfig(level=logging.DEBUG)
-from mf_celldump.processing import filework
-from mf_celldump.processing.pipeline import process_dump
-filework.MIN_FILES_PER_WORKER = 100  # use the pool on this small dump
+from mf_celldump.processing import worker_pool
+from mf_celldump.processing.driver import process_dump
+worker_pool.MIN_FILES_PER_WORKER = 100  # use the pool on this small dump
 report = process_dump(sys.argv[1], jobs=2)
 assert report.ok and report.files == 1000, report.summary()
 """

@@ -13,8 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from mf_celldump import naming
-from mf_celldump.processing.pipeline import process_dump
+from mf_celldump.processing.driver import process_dump
+from tests import formats as fmt
 from tests.msprobe_cli import REPO, compare_rows, graph_nodes
 from tests.rawdump_builder import RawDumpBuilder, llama_net, read_output, write_llama_step
 
@@ -34,7 +34,7 @@ def build(dump, task="tensor", perturb=None):
 
     def make(cell, direction, slot, call):
         data = rng.standard_normal((4, 8)).astype(np.float32)
-        if perturb is not None and names[cell] == perturb and direction == naming.FORWARD:
+        if perturb is not None and names[cell] == perturb and direction == fmt.FORWARD:
             data = data + np.random.default_rng(99).standard_normal(data.shape).astype(np.float32)
         return data
 
@@ -42,13 +42,13 @@ def build(dump, task="tensor", perturb=None):
     layer = [c.cell_id for c in b.cells if c.name == "model.layers.0"][0]
     extra = rng.standard_normal((2, 2)).astype(np.float32)
     if task == "tensor":
-        s.tensor(layer, naming.FORWARD, naming.SLOT_KWARG, (2,), extra)  # mask=
-        s.tensor(layer, naming.FORWARD, naming.SLOT_OUTPUT, (1, 0), extra)
+        s.tensor(layer, fmt.FORWARD, fmt.SLOT_KWARG, (2,), extra)  # mask=
+        s.tensor(layer, fmt.FORWARD, fmt.SLOT_OUTPUT, (1, 0), extra)
     else:
-        s.record(layer, naming.FORWARD, naming.SLOT_KWARG, (2,), array=extra)
+        s.record(layer, fmt.FORWARD, fmt.SLOT_KWARG, (2,), array=extra)
         special = {"Max": float("inf"), "Min": float("-inf"), "Mean": float("nan"), "Norm": float("nan")}
-        s.record(layer, naming.FORWARD, naming.SLOT_OUTPUT, (2,), array=extra, stats=special)
-    s.record(layer, naming.FORWARD, naming.SLOT_ARG, (1,), kind=naming.VKIND_INT, value=3)
+        s.record(layer, fmt.FORWARD, fmt.SLOT_OUTPUT, (2,), array=extra, stats=special)
+    s.record(layer, fmt.FORWARD, fmt.SLOT_ARG, (1,), kind=fmt.KIND_INT, value=3)
     s.done(0)
     report = process_dump(dump, jobs=1)
     assert report.ok, report.summary()
@@ -108,7 +108,7 @@ def test_compare_identical_statistics_dumps(tmp_path):
     tensor_rows = [r for r in rows if r["NPU Dtype"] == "Float32"]
     assert len(tensor_rows) == _tensor_leaves(dump) == 2 * 27 * 2 + 2
     special = "Cell.model.layers.0.LLamaDecodeLayer.forward.0.output.2"
-    with open(os.path.join(dump, "step0", "rank", naming.DUMP_JSON)) as handle:
+    with open(os.path.join(dump, "step0", "rank", fmt.DUMP_JSON)) as handle:
         assert "NaN" in handle.read()  # written as Python's json (and msprobe) read it back
     by_name = {r["NPU Name"]: r for r in tensor_rows}
     row = by_name[special]
@@ -137,14 +137,14 @@ TENSORDUMP_SCRIPT = textwrap.dedent(
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor, ops
-    from mf_celldump import naming
+    from tests import formats as fmt
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     step_dir = sys.argv[1]
     dump, dump_in = ops.TensorDump(), ops.TensorDump("in")
     x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) - 5)
     def key(slot, path, kind="t", call=None, direction="forward"):
-        return os.path.join(step_dir, naming.raw_stem(naming.ProbeKey(0, direction, slot, kind, path, call)))
+        return os.path.join(step_dir, fmt.raw_stem(fmt.Key(0, direction, slot, kind, path, call)))
     dump(key("a", (0,)), x)
     dump(key("a", (1, 0)), x.astype(ms.bfloat16))
     dump_in(key("k", (0,)), x.astype(ms.float16))
@@ -174,7 +174,7 @@ def test_real_tensordump_file_names_are_parsed(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = sorted(os.listdir(step_dir))
-    assert len(names) == 6 and all(naming.parse_raw_tensor_name(n) is not None for n in names), names
+    assert len(names) == 6 and all(fmt.parse_raw_tensor_name(n) is not None for n in names), names
     assert any("_bfloat16_" in n for n in names)
     report = process_dump(dump, jobs=1)
     assert report.ok and report.files == 6, report.summary()
@@ -190,7 +190,7 @@ def test_real_tensordump_file_names_are_parsed(tmp_path):
     assert forward["output"][0]["dtype"] == "Int32" and forward["output"][0]["Min"] == -10
     backward = data["Cell.block.Block.backward.0"]
     assert backward["input_args"][0]["Max"] == 7.0 and backward["output"] == []
-    folder = os.path.join(dump, "step0", "rank", naming.TENSOR_DIR)
+    folder = os.path.join(dump, "step0", "rank", fmt.TENSOR_DIR)
     np.testing.assert_array_equal(np.load(os.path.join(folder, "Cell.block.Block.forward.0.input.0.npy")), x)
     assert read_output(dump, 0)["construct"] == {
         "Cell.block.Block.forward.0": None,

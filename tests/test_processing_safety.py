@@ -9,20 +9,21 @@ import textwrap
 import numpy as np
 import pytest
 
-from mf_celldump import naming
 from mf_celldump.fsutil import FolderLock
 from mf_celldump.processing import cli
+from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import (
     DumpNotFoundError,
     EmptyDumpError,
     NotACaptureDumpError,
     UnsafePathError,
 )
-from mf_celldump.processing.pipeline import process_dump
+from mf_celldump.processing.observer import ProcessingObserver
+from tests import formats as fmt
 from tests.rawdump_builder import RawDumpBuilder, llama_net, read_output, snapshot_tree, write_llama_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-F, A = naming.FORWARD, naming.SLOT_ARG
+F, A = fmt.FORWARD, fmt.SLOT_ARG
 
 
 def build_dump(dump, layers=2, steps=2, calls=1, task="tensor"):
@@ -41,7 +42,7 @@ def build_dump(dump, layers=2, steps=2, calls=1, task="tensor"):
             explicit_calls=False,
             calls=calls,
         )
-        s.record(net.root, F, A, (1,), kind=naming.VKIND_INT, value=step)
+        s.record(net.root, F, A, (1,), kind=fmt.KIND_INT, value=step)
         s.done(step)
     return b, per_step
 
@@ -54,7 +55,7 @@ def run_cli(args):
 
 
 def _outputs(dump):
-    return {k: v for k, v in snapshot_tree(dump).items() if not k.startswith(naming.RAW_ROOT)}
+    return {k: v for k, v in snapshot_tree(dump).items() if not k.startswith(fmt.RAW_ROOT)}
 
 
 @pytest.fixture(scope="module")
@@ -64,26 +65,46 @@ def reference(tmp_path_factory):
     for layers, calls in ((2, 1), (12, 2)):
         dump = str(tmp_path_factory.mktemp(f"ref{layers}") / "dump")
         build_dump(dump, layers=layers, calls=calls)
-        events = []
-        report = process_dump(dump, jobs=1, checkpoint=events.append)
+        recorder = EventRecorder()
+        report = process_dump(dump, jobs=1, observer=recorder)
+        events = recorder.events
         assert report.ok
         refs[(layers, calls)] = (dump, _outputs(dump), events)
     return refs
+
+
+class EventRecorder(ProcessingObserver):
+    """Records what processing reports: "file" per file, then each step's stages."""
+
+    def __init__(self, on_event=None):
+        self.events = []
+        self.on_event = on_event
+
+    def _add(self, event):
+        self.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def on_file(self):
+        self._add("file")
+
+    def on_stage(self, rank, step, stage):
+        self._add(stage)
 
 
 KILL_SCRIPT = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {repo!r})
-    from mf_celldump.processing import filework
-    from mf_celldump.processing.pipeline import process_dump
-    filework.MIN_FILES_PER_WORKER = 100  # a pool even on these small dumps when jobs > 1
-    seen = []
-    def checkpoint(event):
+    from mf_celldump.processing import worker_pool
+    from mf_celldump.processing.driver import process_dump
+    from tests.test_processing_safety import EventRecorder
+    worker_pool.MIN_FILES_PER_WORKER = 100  # a pool even on these small dumps when jobs > 1
+    def die_at(event, seen=[]):
         seen.append(event)
         if len(seen) == {kill_at}:
             os._exit(9)
-    process_dump({dump!r}, jobs={jobs}, checkpoint=checkpoint)
+    process_dump({dump!r}, jobs={jobs}, observer=EventRecorder(die_at))
     """
 )
 
@@ -91,8 +112,8 @@ KILL_SCRIPT = textwrap.dedent(
 def _check_nothing_lost(dump, builder, per_step):
     """Each step is either fully raw (every file still there) or fully processed."""
     for step, count in per_step.items():
-        raw = os.path.join(builder.rank_dir, naming.step_dir_name(step))
-        output = os.path.join(dump, naming.step_dir_name(step), "rank", naming.DUMP_JSON)
+        raw = os.path.join(builder.rank_dir, fmt.step_dir_name(step))
+        output = os.path.join(dump, fmt.step_dir_name(step), "rank", fmt.DUMP_JSON)
         raw_files = len([n for n in os.listdir(raw) if n.endswith(".npy")]) if os.path.isdir(raw) else 0
         assert raw_files == count or os.path.isfile(output), f"step {step}: raw partly gone and no output"
         if raw_files not in (0, count):
@@ -130,7 +151,7 @@ def test_killed_run_then_rerun_gives_identical_result(tmp_path, reference, layer
         assert report.ok, report.summary()
         assert _outputs(ref_dump) == ref_outputs
         assert not any(
-            os.path.exists(os.path.join(builder.rank_dir, naming.step_dir_name(s))) for s in per_step
+            os.path.exists(os.path.join(builder.rank_dir, fmt.step_dir_name(s))) for s in per_step
         )
         leftovers = [n for n in os.listdir(os.path.join(ref_dump, "step0")) if n != "rank"]
         assert leftovers == []
@@ -150,7 +171,7 @@ def test_keep_raw_rerun_is_noop_and_later_removal_does_not_reprocess(tmp_path):
     first = process_dump(dump, jobs=1, remove_raw=False)
     assert first.ok and len(first.processed) == 2
     before = snapshot_tree(dump)
-    mtime = os.stat(os.path.join(dump, "step0", "rank", naming.DUMP_JSON)).st_mtime_ns
+    mtime = os.stat(os.path.join(dump, "step0", "rank", fmt.DUMP_JSON)).st_mtime_ns
     second = process_dump(dump, jobs=1, remove_raw=False)
     assert second.nothing_to_do and {o.status for o in second.outcomes} == {"already-processed"}
     assert snapshot_tree(dump) == before
@@ -158,9 +179,9 @@ def test_keep_raw_rerun_is_noop_and_later_removal_does_not_reprocess(tmp_path):
     assert {o.status for o in third.outcomes} == {"already-processed"} and all(
         o.raw_removed for o in third.outcomes
     )
-    assert os.stat(os.path.join(dump, "step0", "rank", naming.DUMP_JSON)).st_mtime_ns == mtime
+    assert os.stat(os.path.join(dump, "step0", "rank", fmt.DUMP_JSON)).st_mtime_ns == mtime
     assert not os.path.exists(os.path.join(builder.rank_dir, "step0"))
-    assert os.listdir(os.path.join(builder.rank_dir, naming.PROCESSED_DIR)) == []
+    assert os.listdir(os.path.join(builder.rank_dir, fmt.PROCESSED_DIR)) == []
 
 
 def test_new_raw_data_replaces_an_older_output(tmp_path):
@@ -169,7 +190,7 @@ def test_new_raw_data_replaces_an_older_output(tmp_path):
     process_dump(dump, jobs=1, remove_raw=False)
     s = builder.step(0)
     s.seq = 10_000
-    s.tensor(0, naming.BACKWARD, naming.SLOT_ARG, (3,), np.ones(2, np.float32))
+    s.tensor(0, fmt.BACKWARD, fmt.SLOT_ARG, (3,), np.ones(2, np.float32))
     report = process_dump(dump, jobs=1, remove_raw=False)
     assert [o.status for o in report.outcomes] == ["processed"]
     assert "Cell.model.LlamaModel.backward.0" in read_output(dump, 0)["dump"]["data"]
@@ -179,7 +200,7 @@ def test_new_raw_data_replaces_an_older_output(tmp_path):
 def test_leftover_removing_folder_is_finished(tmp_path):
     dump = str(tmp_path / "dump")
     builder, _ = build_dump(dump, steps=1)
-    leftover = os.path.join(builder.rank_dir, naming.removing_dir_name("step7"))
+    leftover = os.path.join(builder.rank_dir, fmt.removing_dir_name("step7"))
     os.makedirs(leftover)
     open(os.path.join(leftover, "x.npy"), "wb").close()
     assert process_dump(dump, jobs=1).ok
@@ -203,7 +224,7 @@ def test_truncated_npy_is_reported_rest_processed_raw_kept(tmp_path, capsys):
     assert (
         sum(1 for body in data.values() for leaf in body["input_args"] + body["output"] if leaf is None) == 1
     )
-    assert not os.path.exists(os.path.join(builder.rank_dir, naming.PROCESSED_DIR, "step0.json"))
+    assert not os.path.exists(os.path.join(builder.rank_dir, fmt.PROCESSED_DIR, "step0.json"))
     # the CLI says so and exits 1; the raw data stays for as long as the problem does
     assert run_cli([dump]) == cli.EXIT_PROBLEMS
     out = capsys.readouterr().out
@@ -281,7 +302,7 @@ def test_unsafe_names_and_symlinks_are_refused(tmp_path):
 def test_concurrent_run_on_same_rank_is_refused(tmp_path):
     dump = str(tmp_path / "dump")
     builder, _ = build_dump(dump, steps=1)
-    lock = FolderLock(os.path.join(builder.rank_dir, naming.PROCESSING_LOCK))
+    lock = FolderLock(os.path.join(builder.rank_dir, fmt.PROCESSING_LOCK))
     assert lock.acquire()
     try:
         report = process_dump(dump, jobs=1)
@@ -295,16 +316,16 @@ def test_concurrent_run_on_same_rank_is_refused(tmp_path):
 def test_incomplete_step_still_being_written_keeps_raw(tmp_path):
     dump = str(tmp_path / "dump")
     builder, _ = build_dump(dump, steps=1)
-    os.unlink(os.path.join(builder.rank_dir, "step0", naming.STEP_DONE_FILE))
+    os.unlink(os.path.join(builder.rank_dir, "step0", fmt.STEP_DONE_FILE))
     late = []
 
-    def checkpoint(event):
+    def write_late_file(event):
         if event == "marker" and not late:  # capture writes one more file meanwhile
             s = builder.step(0)
             s.seq = 50_000
-            late.append(s.tensor(0, naming.BACKWARD, naming.SLOT_ARG, (4,), np.ones(2, np.float32)))
+            late.append(s.tensor(0, fmt.BACKWARD, fmt.SLOT_ARG, (4,), np.ones(2, np.float32)))
 
-    report = process_dump(dump, jobs=1, checkpoint=checkpoint)
+    report = process_dump(dump, jobs=1, observer=EventRecorder(write_late_file))
     assert report.ok and not report.processed[0].raw_removed
     assert any("still being written" in w for w in report.processed[0].warnings)
     assert os.path.isfile(late[0])

@@ -15,9 +15,11 @@ import fnmatch
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
+from mf_celldump.capture.signature import construct_params
 from mf_celldump.config import DumpConfig
+from mf_celldump.rawformat.manifest import CellRecord
 
 logger = logging.getLogger(__name__)
 
@@ -45,28 +47,23 @@ SKIPPED_NAMES = ("grad_reducer",)
 
 
 @dataclass(frozen=True)
-class CellInfo:
-    """One captured cell, as the raw manifest records it."""
+class SelectedCell:
+    """One captured cell: its manifest record and the live cell object."""
 
-    id: int
-    name: str
-    class_name: str
-    module: str
-    file: str
-    line: int
-    params: Tuple[str, ...]
+    record: CellRecord
     cell: object = field(compare=False, repr=False)
 
-    def manifest_entry(self) -> dict:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "class": self.class_name,
-            "module": self.module,
-            "file": self.file,
-            "line": self.line,
-            "params": list(self.params),
-        }
+    @property
+    def cell_id(self) -> int:
+        return self.record.cell_id
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def params(self) -> Tuple[str, ...]:
+        return self.record.params
 
 
 def is_wrapper(cell) -> bool:
@@ -95,19 +92,6 @@ def unwrap(network):
     return network
 
 
-def _construct_params(cell) -> Tuple[str, ...]:
-    try:
-        signature = inspect.signature(type(cell).construct)
-    except (TypeError, ValueError):
-        return ()
-    names = []
-    for name, param in signature.parameters.items():
-        if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        names.append(name)
-    return tuple(names)
-
-
 def _definition_site(cell) -> Tuple[str, str, int]:
     klass = type(cell)
     module = klass.__module__
@@ -125,40 +109,35 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def select_cells(model, config: DumpConfig) -> List[CellInfo]:
+def _skip_reason(name: str, cell, config: DumpConfig) -> Optional[str]:
+    class_name = type(cell).__name__
+    if class_name.startswith("_"):
+        return "framework-internal class"
+    if is_wrapper(cell):
+        return "training wrapper"
+    if name.split(".")[-1] in SKIPPED_NAMES:
+        return "gradient reducer"
+    if class_name in config.exclude_classes:
+        return "class in exclude_classes"
+    if not _matches(name, config.include):
+        return "not matched by include"
+    if config.exclude and _matches(name, config.exclude):
+        return "matched by exclude"
+    return None
+
+
+def select_cells(model, config: DumpConfig) -> List[SelectedCell]:
     """Cells of ``model`` to capture, in ``cells_and_names()`` order, with stable ids."""
-    chosen: List[CellInfo] = []
+    chosen: List[SelectedCell] = []
     for name, cell in model.cells_and_names():
         if not name:
             continue  # the model root
-        class_name = type(cell).__name__
-        reason = None
-        if class_name.startswith("_"):
-            reason = "framework-internal class"
-        elif is_wrapper(cell):
-            reason = "training wrapper"
-        elif name.split(".")[-1] in SKIPPED_NAMES:
-            reason = "gradient reducer"
-        elif class_name in config.exclude_classes:
-            reason = "class in exclude_classes"
-        elif not _matches(name, config.include):
-            reason = "not matched by include"
-        elif config.exclude and _matches(name, config.exclude):
-            reason = "matched by exclude"
+        reason = _skip_reason(name, cell, config)
         if reason:
-            logger.debug("not capturing %s (%s): %s", name, class_name, reason)
+            logger.debug("not capturing %s (%s): %s", name, type(cell).__name__, reason)
             continue
         module, file, line = _definition_site(cell)
-        chosen.append(
-            CellInfo(
-                id=len(chosen),
-                name=name,
-                class_name=class_name,
-                module=module,
-                file=file,
-                line=line,
-                params=_construct_params(cell),
-                cell=cell,
-            )
-        )
+        record = CellRecord(cell_id=len(chosen), name=name, class_name=type(cell).__name__, module=module,
+                            file=file, line=line, params=construct_params(cell))
+        chosen.append(SelectedCell(record, cell))
     return chosen

@@ -1,10 +1,11 @@
 """``attach(network, config)``: the handle that owns one capture, from wrap to detach.
 
-An attached dump is an object: it holds the wrapped cells, the raw writer, the
-backend and the step state; ``detach()`` undoes all of it. Nothing is stored in
-module globals, so two networks can be dumped side by side and a second run starts
-clean. A marker attribute on the model root lets integrations find the handle (and
-refuses a second attach); it is removed at detach.
+An attached dump is an object: it holds the wrapped cells, the raw writer, the backend
+and THE step state machine of a capture (``begin_step`` / ``end_step`` /
+``abort_step``); ``detach()`` undoes all of it. Nothing is stored in module globals, so
+two networks can be dumped side by side and a second run starts clean. A marker
+attribute on the model root lets integrations find the handle (and refuses a second
+attach); it is removed at detach.
 """
 
 from __future__ import annotations
@@ -13,26 +14,43 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from mf_celldump import __version__
-from mf_celldump.capture import wrapping
-from mf_celldump.capture.backends import choose_backend, create_backend
+from mf_celldump.capture.backends import BackendContext, CaptureBackend, choose_backend, create_backend
+from mf_celldump.capture.construct_patch import InstalledConstruct, install
+from mf_celldump.capture.graph_wrapper import graph_construct
+from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.selection import CellInfo, select_cells, unwrap
-from mf_celldump.capture.writer import RawWriter
+from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
 from mf_celldump.config import DumpConfig
+from mf_celldump.fsutil import writable_dir_problem
+from mf_celldump.mapping import ArgModes
+from mf_celldump.rawformat.manifest import Manifest
+from mf_celldump.rawformat.writer import RawWriter
 
 logger = logging.getLogger(__name__)
 
 _MARKER = "_mf_celldump_attached"
+DEFAULT_MODES = ArgModes(bench_name="")
 
 
 class AttachError(RuntimeError):
     """The network cannot be captured as asked (wrong type, already attached, bad path)."""
 
 
-def detect_rank() -> Tuple[int, bool]:
+@dataclass(frozen=True)
+class StepEnd:
+    """What ``end_step``/``abort_step`` finished: the step, whether raw data was written for it,
+    and whether it completed (False: training failed in it, its raw data stays unmarked)."""
+
+    step: int
+    captured: bool
+    completed: bool
+
+
+def detect_rank() -> tuple:
     """(rank, distributed): ``mindspore.communication`` when initialised, else RANK_ID, else 0."""
     try:
         from mindspore.communication import get_group_size, get_rank
@@ -41,21 +59,11 @@ def detect_rank() -> Tuple[int, bool]:
         return rank, size > 1
     except Exception:  # not initialised: MindSpore raises RuntimeError (type varies by version)
         pass
-    env_rank = os.environ.get("RANK_ID")
-    env_size = os.environ.get("RANK_SIZE")
+    env_rank, env_size = os.environ.get("RANK_ID"), os.environ.get("RANK_SIZE")
     if env_rank is not None and env_rank.strip().isdigit():
         distributed = env_size is not None and env_size.strip().isdigit() and int(env_size) > 1
         return int(env_rank), distributed
     return 0, False
-
-
-def _check_writable(path: str) -> None:
-    try:
-        os.makedirs(path, mode=0o750, exist_ok=True)
-    except OSError as err:
-        raise AttachError(f"dump_path {path!r} cannot be created: {err.strerror}") from None
-    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
-        raise AttachError(f"dump_path {path!r} is not a writable directory")
 
 
 def find_attached(network) -> Optional[CellDump]:
@@ -67,7 +75,7 @@ def find_attached(network) -> Optional[CellDump]:
     return None
 
 
-def _layer_modes(config: DumpConfig, cells: Sequence[CellInfo], model) -> Dict[str, Any]:
+def _layer_modes(config: DumpConfig, cells: Sequence[SelectedCell], model) -> Dict[str, ArgModes]:
     """Per-cell in/out modes from the configured layer mappings; warns about mismatches."""
     if not config.layer_mapping:
         return {}
@@ -76,7 +84,7 @@ def _layer_modes(config: DumpConfig, cells: Sequence[CellInfo], model) -> Dict[s
     named = mapping.named_classes(model.cells_and_names())
     layer_mapping = mapping.resolve_mapping(tuple(config.layer_mapping), {cls for _, cls in named})
     mapping.log_mapping_warnings(mapping.check_mapping(layer_mapping, named), logger)
-    captured = {info.name for info in cells}
+    captured = {selected.name for selected in cells}
     return {name: modes for name, modes in mapping.modes_for_network(layer_mapping, named).items()
             if name in captured}
 
@@ -95,84 +103,74 @@ class CellDump:
         self.dump_path = dump_path
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self.captured_steps: List[int] = []
-        self.cells: List[CellInfo] = []
-        self.backend = None
+        self.cells: List[SelectedCell] = []
+        self.backend: Optional[CaptureBackend] = None
         self.writer: Optional[RawWriter] = None
-        self._wrappers: List[wrapping.InstalledWrapper] = []
         self.runtime = CaptureRuntime(rank_selected=rank in config.ranks)
         self.device = "CPU"
         self.attached = False
+        self._installed: List[InstalledConstruct] = []
+        self._running: Optional[int] = None  # the step between begin_step and end_step
 
-    # -- lifecycle ---------------------------------------------------------------------
+    # -- attach / detach -----------------------------------------------------------------
     def _attach(self) -> None:
         import mindspore as ms
 
         graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
-        device = self.device = ms.get_context("device_target")
+        self.device = ms.get_context("device_target")
         self.model.__dict__[_MARKER] = self
         self.attached = True
         if not self.runtime.rank_selected:
             logger.info("rank %d is not in ranks=%s: nothing is captured on this rank",
                         self.rank, self.config.ranks.describe())
             return
-        choice = choose_backend(self.config, device, graph_mode)
+        choice = choose_backend(self.config, self.device, graph_mode)
         logger.info("capture backend: %s (%s)", choice.name, choice.reason)
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
-        self.backend = create_backend(choice.name, self.config, self.runtime, self.writer)
+        self.backend = create_backend(choice.name, BackendContext(self.config, self.runtime, self.writer))
         self.cells = select_cells(self.model, self.config)
-        modes = _layer_modes(self.config, self.cells, self.model)
         self.backend.setup(self.initial_step)
         try:
-            for info in self.cells:
-                arg_modes = modes.get(info.name, wrapping.DEFAULT_MODES)
-                if graph_mode:
-                    construct = wrapping.graph_construct(info, arg_modes, self.backend.graph_probe_function())
-                else:
-                    construct = wrapping.pynative_construct(
-                        info, arg_modes, self.backend, self.runtime,
-                        self.config.captures_forward, self.config.captures_backward,
-                    )
-                self._wrappers.append(wrapping.install(info, construct))
+            self._wrap_cells(graph_mode)
         except BaseException:
             self.detach()
             raise
-        self.writer.write_manifest(self._manifest(graph_mode, device))
+        self.writer.write_manifest(self._manifest(graph_mode))
         logger.info("capturing %d cells of %s into %s (task=%s, data_mode=%s, steps=%s)",
                     len(self.cells), type(self.model).__name__, self.dump_path,
                     self.config.task, self.config.data_mode, self.config.steps.describe())
 
-    def _manifest(self, graph_mode: bool, device: str) -> dict:
+    def _wrap_cells(self, graph_mode: bool) -> None:
+        modes = _layer_modes(self.config, self.cells, self.model)
+        face = self.backend.graph() if graph_mode else self.backend.pynative()
+        for selected in self.cells:
+            arg_modes = modes.get(selected.name, DEFAULT_MODES)
+            if graph_mode:
+                construct = graph_construct(selected, arg_modes, face.probe_function())
+            else:
+                construct = pynative_construct(selected, arg_modes, face, self.runtime,
+                                               self.config.captures_forward, self.config.captures_backward)
+            self._installed.append(install(selected.cell, construct))
+
+    def _manifest(self, graph_mode: bool) -> Manifest:
         import mindspore as ms
 
-        manifest = {
-            "format": "mf_celldump-raw/1",
-            "run_id": self.run_id,
-            "tool_version": __version__,
-            "config": self.config.to_dict(),
-            "task": self.config.task,
-            "data_mode": self.config.data_mode,
-            "statistics": list(self.config.statistics),
-            "backend": self.backend.name,
-            "rank": self.rank,
-            "distributed": self.distributed,
-            "execution_mode": "graph" if graph_mode else "pynative",
-            "device": device,
-            "mindspore_version": ms.__version__,
-            "model_class": type(self.model).__name__,
-            "cells": [info.manifest_entry() for info in self.cells],
-        }
-        manifest.update(self.backend.manifest_fields())
-        return manifest
+        details = {"tool_version": __version__, "config": self.config.to_dict(), "data_mode": self.config.data_mode,
+                   "execution_mode": "graph" if graph_mode else "pynative", "device": self.device,
+                   "mindspore_version": ms.__version__, "model_class": type(self.model).__name__}
+        return Manifest(rank=self.rank, distributed=self.distributed, task=self.config.task,
+                        cells={s.cell_id: s.record for s in self.cells}, statistics=self.config.statistics,
+                        backend=self.backend.name, run_id=self.run_id, details=details,
+                        **self.backend.manifest_fields())
 
     def detach(self) -> None:
         """Restore every wrapped cell, stop capture ops still compiled into graphs, close files."""
         if not self.attached:
             return
-        if self.runtime.active:
-            self.end_step()
-        for wrapper in reversed(self._wrappers):
-            wrapper.restore()
-        self._wrappers.clear()
+        self.end_step()
+        for installed in reversed(self._installed):
+            installed.restore()
+        self._installed.clear()
         self.runtime.closed = True
         self.runtime.stop_step()
         if self.backend is not None:
@@ -183,41 +181,51 @@ class CellDump:
         self.attached = False
         logger.info("capture detached from %s", type(self.model).__name__)
 
-    # -- steps ---------------------------------------------------------------------------
+    # -- the step state machine: idle -> running(step) -> idle ---------------------------
+    @property
+    def current_step(self) -> Optional[int]:
+        """The step between ``begin_step`` and ``end_step``/``abort_step``, or None."""
+        return self._running
+
     def step_selected(self, step: int) -> bool:
         return self.runtime.rank_selected and step in self.config.steps
 
-    def begin_step(self, step: int) -> None:
-        """Global step ``step`` (0-based) is about to run."""
-        if self.runtime.active:
-            self.end_step()
+    def begin_step(self, step: int) -> Optional[StepEnd]:
+        """Global step ``step`` (0-based) is about to run; ends a step still running (returned)."""
+        ended = self.end_step()
         selected = self.attached and self.step_selected(step)
         if selected:
             self.writer.prepare_step(step)
         self.runtime.start_step(step, selected)
+        self._running = step
+        return ended
 
-    def end_step(self) -> None:
-        """The step's outputs are materialised: flush, and mark the raw step complete."""
-        if not self.runtime.active:
-            return
-        step = self.runtime.step
-        _synchronize(self.device)
-        self.backend.finish_step()
+    def end_step(self) -> Optional[StepEnd]:
+        """The running step's outputs are materialised: flush, mark its raw data complete."""
+        if self._running is None:
+            return None
+        step, captured = self._running, self.runtime.active
+        if captured:
+            _synchronize(self.device)
+            self.backend.finish_step()
         self.runtime.stop_step()
-        self.writer.finish_step(step)
-        self.captured_steps.append(step)
+        self._running = None
+        if captured:
+            self.writer.finish_step(step)
+            self.captured_steps.append(step)
+        return StepEnd(step, captured, completed=True)
 
-    def abort_step(self) -> Optional[int]:
+    def abort_step(self) -> Optional[StepEnd]:
         """Stop the running step without marking it complete (training failed in it).
 
-        Its raw data stays on disk for `mf-celldump process`; returns the step, or None
-        when no captured step was running.
+        Its raw data stays on disk for `mf-celldump process`.
         """
-        if not self.runtime.active:
+        if self._running is None:
             return None
-        step = self.runtime.step
+        step, captured = self._running, self.runtime.active
         self.runtime.stop_step()
-        return step
+        self._running = None
+        return StepEnd(step, captured, completed=False)
 
     @contextlib.contextmanager
     def step(self, step: int):
@@ -234,18 +242,12 @@ class CellDump:
         self.end_step()
 
     # -- processing ------------------------------------------------------------------------
-    def process(self, steps: Optional[Sequence[int]] = None, progress: bool = False):
+    def process(self, steps: Optional[Sequence[int]] = None, observer=None):
         """Turn this rank's complete raw steps into msprobe's layout (see processing)."""
-        from mf_celldump.processing.pipeline import process_dump
+        from mf_celldump.processing.driver import process_dump
 
-        return process_dump(
-            self.dump_path,
-            steps=steps,
-            ranks=[self.rank],
-            jobs=self.config.jobs,
-            only_complete=True,
-            progress=progress,
-        )
+        return process_dump(self.dump_path, steps=steps, ranks=[self.rank], jobs=self.config.jobs,
+                            only_complete=True, observer=observer)
 
     def __enter__(self):
         return self
@@ -307,7 +309,9 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
     distributed = detected_distributed if distributed is None else distributed
     dump_path = config.resolved_dump_path(output_dir)
     if rank in config.ranks:
-        _check_writable(dump_path)
+        problem = writable_dir_problem(dump_path, create=True)
+        if problem:
+            raise AttachError(f"dump_path {problem}")
     dump = CellDump(network, model, config, rank, distributed, initial_step, dump_path)
     dump._attach()
     return dump

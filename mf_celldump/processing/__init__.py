@@ -1,5 +1,7 @@
-"""Processing: turn raw capture files (``_raw/rank{R}/step{N}``) into msprobe's dump layout.
+"""Processing: raw capture files -> msprobe's layout (``step{N}/rank{R}/``).
 
-Entry point: :func:`mf_celldump.processing.pipeline.process_dump`; the
-``mf-celldump process`` command wraps it (``processing.cli``).
+``driver.process_dump`` runs a whole dump (also the ``mf-celldump process`` command);
+``step_transaction`` turns one step of one rank into an output folder, crash-safely;
+``entries`` numbers calls and finds parents; ``msprobe_json`` writes the three JSON
+files; ``file_tasks``/``worker_pool``/``npystats`` read the tensor files.
 """

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from mf_celldump.config import ConfigError, IndexSelection
+from mf_celldump.config import ConfigError, IndexSelection, resolve_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +47,16 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mf_celldump.processing.driver import process_dump
     from mf_celldump.processing.errors import ProcessingError, UnsafePathError
-    from mf_celldump.processing.pipeline import process_dump
+    from mf_celldump.processing.observer import ProgressObserver
 
     try:
-        steps = IndexSelection.parse(args.steps, "--steps").values
-        ranks = IndexSelection.parse(args.ranks, "--ranks").values
+        steps = IndexSelection.parse(args.steps, "--steps")
+        ranks = IndexSelection.parse(args.ranks, "--ranks")
+        resolve_jobs(args.jobs, "--jobs")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.jobs is not None and args.jobs < 1:
-        print(f"error: --jobs: {args.jobs} is not a positive number of processes", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         report = process_dump(
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             only_complete=args.only_complete,
             remove_raw=not args.keep_raw,
-            progress=sys.stderr.isatty(),
+            observer=ProgressObserver(show_bar=sys.stderr.isatty()),
         )
     except (ProcessingError, UnsafePathError) as err:
         print(f"error: {err}", file=sys.stderr)

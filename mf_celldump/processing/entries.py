@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import naming
-from mf_celldump.processing.captures import Capture
-from mf_celldump.processing.manifest import CellInfo
+from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.manifest import CellRecord
 
 
 @dataclass
 class Entry:
     """One call of one cell in one direction: ``Cell.{name}.{Class}.{direction}.{call}``."""
 
-    cell: CellInfo
+    cell: CellRecord
     direction: str
     call: int
     name: str
@@ -48,7 +48,7 @@ def assign_calls(captures: List[Capture]) -> None:
             capture.call = call
 
 
-def group_entries(captures: List[Capture], cells: Dict[int, CellInfo], problems: List[str]) -> List[Entry]:
+def group_entries(captures: List[Capture], cells: Dict[int, CellRecord], problems: List[str]) -> List[Entry]:
     """Entries in execution order (order of their first capture); unknown cells are problems."""
     entries: Dict[Tuple[int, str, int], Entry] = {}
     unknown_cells: Dict[int, int] = {}

@@ -1,17 +1,18 @@
 """Statistics of one ``.npy`` file in a single streaming pass, with memory bounded by a chunk.
 
-A small file is read in one call and handed to the shared ``compute_statistics`` (the
-capture side uses it too, so host-computed and file-computed numbers agree). A large
-file is read chunk by chunk into one buffer and the statistics are combined, so memory
-does not grow with tensor size (an mmap would: its pages count as resident memory).
-Pickled object arrays are never loaded.
+A small file is read in one call, a large one chunk by chunk into one buffer; both go
+through ``statistics.StatsAccumulator`` (the capture side uses it too, so host-computed
+and file-computed numbers agree), so memory does not grow with tensor size (an mmap
+would: its pages count as resident memory). Only plain numeric arrays are read: no
+pickled objects, strings, complex or datetime values, and the header's size must
+match the file's.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
-import zlib
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
@@ -19,7 +20,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from mf_celldump.processing.errors import NpyReadError
-from mf_celldump.statistics import STAT_KEYS, compute_statistics
+from mf_celldump.statistics import SUPPORTED_KINDS, StatsAccumulator
 
 CHUNK_BYTES = 8 << 20
 HEAD_BYTES = 64 << 10  # first read: header plus the whole data of a small file
@@ -63,6 +64,20 @@ def _numpy_header(handle, path: str) -> NpyHeader:
     return NpyHeader(dtype, tuple(shape), bool(fortran), handle.tell())
 
 
+def _check_header(header: NpyHeader, path: str, file_size: int) -> NpyHeader:
+    """Refuse what no capture writes: non-numeric data, or a header that disagrees with the file size."""
+    if header.dtype.kind not in SUPPORTED_KINDS or header.dtype.fields is not None:
+        raise NpyReadError(f"{path}: holds {header.dtype} values; a raw tensor holds bool, integer or "
+                           "floating-point numbers")
+    present = file_size - header.data_offset
+    if present < header.nbytes:
+        raise NpyReadError(f"{path}: truncated .npy file ({max(present, 0)} of {header.nbytes} data bytes present)")
+    if present > header.nbytes:
+        raise NpyReadError(f"{path}: {present - header.nbytes} bytes after the {header.nbytes} data bytes its "
+                           "header declares; not written by a capture")
+    return header
+
+
 def _fast_header(head: bytes) -> Optional[NpyHeader]:
     """Parse the header numpy itself writes without ``literal_eval`` (a quarter of the per-file cost).
 
@@ -98,20 +113,26 @@ def _dtype(descr: str) -> Optional[np.dtype]:
 
 
 def read_header(handle, path: str, head: bytes = b"") -> NpyHeader:
-    """Parse the header; a file that is not a plain-data ``.npy`` raises NpyReadError."""
+    """Parse and check the header; a file that is not a plain numeric ``.npy`` raises NpyReadError."""
     header = _fast_header(head) if head else None
     if header is None:
         handle.seek(0)
         header = _numpy_header(handle, path)
-    return header
+    return _check_header(header, path, os.fstat(handle.fileno()).st_size)
+
+
+SMALL_LIMIT_BYTES = 4096  # a non-tensor value travels as a one-element tensor
 
 
 def load_small(path: str) -> np.ndarray:
-    """Load a whole (small) array, as for non-tensor values stored as scalar tensors."""
-    try:
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise NpyReadError(f"{path}: truncated or corrupt .npy file ({err})") from None
+    """Load a one-element array (a non-tensor value stored as a scalar tensor)."""
+    with open(path, "rb", buffering=0) as handle:
+        head = handle.read(HEAD_BYTES) or b""
+        header = read_header(handle, path, head)
+        if header.nbytes > SMALL_LIMIT_BYTES or header.size != 1:
+            raise NpyReadError(f"{path}: expected a single value for a non-tensor capture, got shape {header.shape}")
+        data = head[header.data_offset : header.data_offset + header.nbytes]
+    return np.frombuffer(data, dtype=header.dtype).reshape(header.shape)
 
 
 def file_statistics(path: str, wanted: Iterable[str]) -> Tuple[str, Tuple[int, ...], Dict[str, object]]:
@@ -130,7 +151,7 @@ def file_statistics(path: str, wanted: Iterable[str]) -> Tuple[str, Tuple[int, .
             else:
                 data = have
             array = np.frombuffer(data, dtype=header.dtype).reshape(header.shape)
-            stats = compute_statistics(array, wanted)
+            stats = StatsAccumulator(header.dtype, wanted).add(array).result()
         else:
             handle.seek(header.data_offset)
             stats = _combine(_stream_chunks(handle, header, path), header, wanted)
@@ -176,7 +197,7 @@ def _mmap_statistics(path: str, header: NpyHeader, wanted: Tuple[str, ...]) -> D
     except (ValueError, OSError, EOFError) as err:
         raise NpyReadError(f"{path}: truncated or corrupt .npy file ({err})") from None
     if array.nbytes <= CHUNK_BYTES:
-        return compute_statistics(np.ascontiguousarray(array), wanted)
+        return StatsAccumulator(array.dtype, wanted).add(np.ascontiguousarray(array)).result()
 
     def slabs() -> Iterator[np.ndarray]:
         row = max(1, array[0].nbytes)
@@ -187,56 +208,10 @@ def _mmap_statistics(path: str, header: NpyHeader, wanted: Tuple[str, ...]) -> D
     return _combine(slabs(), header, wanted)
 
 
-def _nan_aware(pick, a, b):
-    """``pick(a, b)`` (max or min) where NaN wins, as numpy's reductions do; None = no value yet."""
-    if a is None or (isinstance(a, float) and math.isnan(a)):
-        return b if a is None else a
-    if isinstance(b, float) and math.isnan(b):
-        return b
-    return pick(a, b)
-
-
 def _combine(chunks: Iterator[np.ndarray], header: NpyHeader, wanted: Tuple[str, ...]) -> Dict[str, object]:
-    """Statistics of a large array from its chunks; same keys and meaning as ``compute_statistics``."""
-    is_float = header.dtype.kind in "fc"
+    """Statistics of a large array from its chunks (converted to native byte order)."""
     native = header.dtype.newbyteorder("=") if header.dtype.byteorder not in ("=", "|") else None
-    hi: Optional[object] = None
-    lo: Optional[object] = None
-    total = 0.0
-    squares = 0.0
-    crc = 0
-    nans = 0
-    infs = 0
+    accumulator = StatsAccumulator(native or header.dtype, wanted)
     for chunk in chunks:
-        if native is not None:
-            chunk = chunk.astype(native)
-        if "md5" in wanted:
-            crc = zlib.crc32(chunk.tobytes() if native is not None else chunk.data, crc)
-        if "max" in wanted:
-            hi = _nan_aware(max, hi, chunk.max().item())
-        if "min" in wanted:
-            lo = _nan_aware(min, lo, chunk.min().item())
-        if "mean" in wanted or "norm" in wanted:
-            wide = chunk.astype(np.float64)
-            total += float(wide.sum())
-            squares += float(np.dot(wide, wide))
-        if is_float and "nan_count" in wanted:
-            nans += int(np.count_nonzero(np.isnan(chunk)))
-        if is_float and "inf_count" in wanted:
-            infs += int(np.count_nonzero(np.isinf(chunk)))
-    out: Dict[str, object] = {}
-    if "max" in wanted:
-        out[STAT_KEYS["max"]] = hi
-    if "min" in wanted:
-        out[STAT_KEYS["min"]] = lo
-    if "mean" in wanted:
-        out[STAT_KEYS["mean"]] = total / header.size
-    if "norm" in wanted:
-        out[STAT_KEYS["norm"]] = math.sqrt(squares) if not math.isnan(squares) else squares
-    if "md5" in wanted:
-        out["md5"] = f"{crc & 0xFFFFFFFF:08x}"
-    if "nan_count" in wanted:
-        out["nan_count"] = nans
-    if "inf_count" in wanted:
-        out["inf_count"] = infs
-    return out
+        accumulator.add(chunk.astype(native) if native is not None else chunk)
+    return accumulator.result()

@@ -1,4 +1,4 @@
-"""The three msprobe JSON files of one output rank folder, built from entries.
+"""The three msprobe JSON files of one output rank folder (dump, construct, stack), built from entries.
 
 ``dump.json`` is streamed one entry per line with the C JSON encoder: it stays fast for
 100k tensors, and NaN/Infinity are written as Python's json (and msprobe, which loads
@@ -12,8 +12,9 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from mf_celldump import naming
 from mf_celldump.dtypes import mindspore_dtype_name
-from mf_celldump.processing.captures import Capture
 from mf_celldump.processing.entries import Entry
+from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.keys import KIND_TENSOR, KIND_TYPE_NAMES, SLOT_KWARG
 
 TENSOR_TYPE = "mindspore.Tensor"
 # A position nobody captured (an argument capture could not represent): msprobe reads null as
@@ -24,7 +25,7 @@ GAP = None
 def label_of(capture: Capture, params: Tuple[str, ...]) -> str:
     """Index label of a capture in its data file name: ``1.0``, or ``mask`` for a keyword input."""
     key = capture.key
-    if key.slot == naming.SLOT_KWARG:
+    if key.slot == SLOT_KWARG:
         return naming.arg_label(key.path, kwarg_name(key.path[0], params))
     return naming.arg_label(key.path)
 
@@ -35,9 +36,9 @@ def kwarg_name(index: int, params: Tuple[str, ...]) -> str:
 
 def record_of(capture: Capture, data_name: Optional[str]) -> Optional[dict]:
     """The dump.json leaf for one capture (None when its file could not be read)."""
-    kind = capture.key.vkind
-    if kind != naming.VKIND_TENSOR:
-        return {"type": naming.VKIND_TYPE_NAMES[kind], "value": capture.value}
+    kind = capture.key.kind
+    if kind != KIND_TENSOR:
+        return {"type": KIND_TYPE_NAMES[kind], "value": capture.value}
     if capture.shape is None:
         return None
     dtype = capture.dtype or mindspore_dtype_name(capture.file_dtype or "")
@@ -80,9 +81,9 @@ def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
         leaf = leaves[id(capture)]
         key = capture.key
         io = key.msprobe_io
-        if key.slot == naming.SLOT_KWARG and io == "input":
+        if key.slot == SLOT_KWARG and io == "input":
             kwargs.setdefault(kwarg_name(key.path[0], params), []).append((key.path[1:], leaf))
-        elif key.slot == naming.SLOT_KWARG:
+        elif key.slot == SLOT_KWARG:
             backward_kwargs.append((key.path, leaf))
         elif io == "input":
             args.append((key.path, leaf))

@@ -1,10 +1,10 @@
-"""One captured value of one cell call, whatever raw source it came from."""
+"""One captured value of one cell call, as read from any raw source."""
 
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from mf_celldump.naming import ProbeKey
+from mf_celldump.rawformat.keys import ProbeKey
 
 
 class Capture:
@@ -12,37 +12,17 @@ class Capture:
     a records.jsonl line or a csv row.
 
     ``dtype``/``shape``/``stats``/``value`` are known up front for records and csv rows and
-    filled in from the file otherwise. Slots keep the per-capture cost to metadata size.
+    filled in by processing from the file otherwise; ``call`` and ``data_name`` are set
+    by processing. Slots keep the per-capture cost to metadata size.
     """
 
-    __slots__ = (
-        "seq",
-        "order",
-        "key",
-        "origin",
-        "file",
-        "file_dtype",
-        "dtype",
-        "shape",
-        "stats",
-        "value",
-        "call",
-        "data_name",
-    )
+    __slots__ = ("seq", "order", "key", "origin", "file", "file_dtype", "dtype", "shape", "stats", "value",
+                 "call", "data_name")
 
-    def __init__(
-        self,
-        seq: int,
-        order: int,
-        key: ProbeKey,
-        origin: str,
-        file: Optional[str] = None,
-        file_dtype: Optional[str] = None,
-        dtype: Optional[str] = None,
-        shape: Optional[Tuple[int, ...]] = None,
-        stats: Optional[Dict[str, object]] = None,
-        value: object = None,
-    ):
+    def __init__(self, seq: int, order: int, key: ProbeKey, origin: str, file: Optional[str] = None,
+                 file_dtype: Optional[str] = None, dtype: Optional[str] = None,
+                 shape: Optional[Tuple[int, ...]] = None, stats: Optional[Dict[str, object]] = None,
+                 value: object = None):
         self.seq = seq
         self.order = order
         self.key = key

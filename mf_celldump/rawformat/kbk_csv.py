@@ -6,7 +6,7 @@ Stream ID, Timestamp, IO, Slot, Data Size, Data Type, Shape, Max Value, Min Valu
 Avg Value, Count, ... NaN Count, Negative Inf Count, Positive Inf Count, ...,
 L2Norm Value, MD5``; which statistic columns appear depends on ``statistic_category``).
 The capture side names each TensorDump kernel with our dash-separated stem, which
-``naming.find_kbk_stem`` finds inside ``Op Name``. The dumped tensor is the kernel's
+``names.find_kbk_stem`` finds inside ``Op Name``. The dumped tensor is the kernel's
 last input slot (the file-name argument, when it is an input, comes first).
 MindSpore's ``MD5`` column is a real MD5, not msprobe's CRC-32 ``md5``, so it is not used.
 """
@@ -19,17 +19,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from mf_celldump import naming
-from mf_celldump.dtypes import mindspore_dtype_name
-from mf_celldump.processing.captures import Capture
+from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
+from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.keys import KIND_TENSOR, scalar_of_kind
+from mf_celldump.rawformat.names import find_kbk_stem
+from mf_celldump.statistics import StatValues, statistics_record
 
-_STAT_COLUMNS = (
-    ("max", "Max Value", "Max"),
-    ("min", "Min Value", "Min"),
-    ("mean", "Avg Value", "Mean"),
-    ("norm", "L2Norm Value", "Norm"),
-)
-_REQUIRED = ("Op Name", "IO", "Slot", "Data Type", "Shape")
+REQUIRED_COLUMNS = ("Op Name", "IO", "Slot", "Data Type", "Shape")
 _INT_RE = re.compile(r"\d+")
 
 
@@ -63,45 +59,38 @@ def _int(text: Optional[str], default: int = 0) -> int:
         return default
 
 
-def _stats(row: Dict[str, str], wanted: Tuple[str, ...]) -> Dict[str, object]:
-    stats: Dict[str, object] = {}
-    for name, column, key in _STAT_COLUMNS:
-        if name in wanted and column in row:
-            stats[key] = _number(row[column])
-    if "nan_count" in wanted and "NaN Count" in row:
-        stats["nan_count"] = _int(row["NaN Count"])
-    if "inf_count" in wanted and ("Negative Inf Count" in row or "Positive Inf Count" in row):
-        stats["inf_count"] = _int(row.get("Negative Inf Count")) + _int(row.get("Positive Inf Count"))
-    return stats
+def _stat_values(row: Dict[str, str]) -> StatValues:
+    negative, positive = row.get("Negative Inf Count"), row.get("Positive Inf Count")
+    return StatValues(
+        max=_number(row.get("Max Value")),
+        min=_number(row.get("Min Value")),
+        mean=_number(row.get("Avg Value")),
+        norm=_number(row.get("L2Norm Value")),
+        nan_count=_int(row["NaN Count"]) if "NaN Count" in row else None,
+        inf_count=_int(negative) + _int(positive) if negative is not None or positive is not None else None,
+    )
 
 
-def _scalar_value(vkind: str, row: Dict[str, str]):
-    """A non-tensor value travelled as a one-element tensor: its maximum is the value."""
-    value = _number(row.get("Max Value"))
-    if value is None or vkind == naming.VKIND_NONE:
-        return None
-    if vkind == naming.VKIND_INT:
-        return int(value)
-    if vkind == naming.VKIND_BOOL:
-        return bool(value)
-    return float(value)
+def _kind_of(dtype_text: str) -> str:
+    name = numpy_dtype_name(dtype_text)
+    if name == "bool":
+        return "b"
+    if name.startswith(("int", "uint")):
+        return "i"
+    return "f"
 
 
-def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int) -> KbkRead:
-    """Captures from all csv files of one iteration, in kernel execution order (Timestamp)."""
-    out = KbkRead()
-    # (op name, task, stream, timestamp) -> row with the highest input slot
-    invocations: Dict[Tuple[str, str, str, str], Tuple[int, int, Dict[str, str], str]] = {}
+def _collect_rows(paths: List[str], out: KbkRead) -> Dict[Tuple[str, str, str, str], tuple]:
+    """(op name, task, stream, timestamp) -> (slot, first position, row, origin) of the tensor input."""
+    invocations: Dict[Tuple[str, str, str, str], tuple] = {}
     position = 0
     for path in paths:
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
             reader = csv.DictReader(handle)
             header = [h.strip() for h in (reader.fieldnames or [])]
-            missing = [c for c in _REQUIRED if c not in header]
+            missing = [c for c in REQUIRED_COLUMNS if c not in header]
             if missing:
-                out.problems.append(
-                    f"{path}: not a MindSpore statistic.csv (missing columns {', '.join(missing)})"
-                )
+                out.problems.append(f"{path}: not a MindSpore statistic.csv (missing columns {', '.join(missing)})")
                 continue
             reader.fieldnames = header
             for line, row in enumerate(reader, start=2):
@@ -109,24 +98,29 @@ def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: 
                 if (row.get("IO") or "").strip().lower() != "input":
                     continue
                 op_name = row.get("Op Name") or ""
-                if naming.find_kbk_stem(op_name) is None:
+                if find_kbk_stem(op_name) is None:
                     continue
                 ident = (op_name, row.get("Task ID", ""), row.get("Stream ID", ""), row.get("Timestamp", ""))
-                slot = _int(row.get("Slot"))
-                known = invocations.get(ident)
+                slot, known = _int(row.get("Slot")), invocations.get(ident)
                 if known is None or slot > known[0]:
-                    first = known[1] if known else position
-                    invocations[ident] = (slot, first, row, f"{path}:{line}")
+                    invocations[ident] = (slot, known[1] if known else position, row, f"{path}:{line}")
+    return invocations
+
+
+def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int) -> KbkRead:
+    """Captures from all csv files of one iteration, in kernel execution order (Timestamp)."""
+    out = KbkRead()
+    invocations = _collect_rows(paths, out)
     ordered = sorted(invocations.values(), key=lambda item: (_int(item[2].get("Timestamp")), item[1]))
     for seq, (_, _, row, origin) in enumerate(ordered):
-        key = naming.find_kbk_stem(row["Op Name"])
-        shape = tuple(int(n) for n in _INT_RE.findall(row.get("Shape") or ""))
-        dtype = mindspore_dtype_name((row.get("Data Type") or "").strip() or "unknown")
-        if key.vkind != naming.VKIND_TENSOR:
-            value = _scalar_value(key.vkind, row)
+        key = find_kbk_stem(row["Op Name"])
+        if key.kind != KIND_TENSOR:
+            value = scalar_of_kind(key.kind, _number(row.get("Max Value")))
             out.captures.append(Capture(seq, first_order + seq, key, origin, value=value))
             continue
-        out.captures.append(
-            Capture(seq, first_order + seq, key, origin, dtype=dtype, shape=shape, stats=_stats(row, wanted))
-        )
+        dtype_text = (row.get("Data Type") or "").strip() or "unknown"
+        shape = tuple(int(n) for n in _INT_RE.findall(row.get("Shape") or "")[:64])
+        stats = statistics_record(_stat_values(row), wanted, _kind_of(dtype_text))
+        out.captures.append(Capture(seq, first_order + seq, key, origin, dtype=mindspore_dtype_name(dtype_text),
+                                    shape=shape, stats=stats))
     return out

@@ -1,14 +1,15 @@
-"""Writes one rank's raw capture tree (docs/raw-format.md): manifest, step folders, records.
+"""Writes one rank's raw capture tree: manifest, step folders, tensors, records, markers.
 
 Everything written here is readable after a kill at any moment: tensors go to a
 temporary name and are renamed, records are whole lines flushed one at a time (a torn
-last line is detected by processing), the manifest and step markers are atomic.
+last line is detected by processing), the manifest and step markers are atomic. Steps
+are given as global steps; the manifest's step numbering says which raw folder holds
+them (graph-mode TensorDump folders follow the graph's own step counter).
 """
 
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import threading
@@ -17,8 +18,12 @@ from typing import Dict, Optional, TextIO
 
 import numpy as np
 
-from mf_celldump import naming
 from mf_celldump.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir, open_append, safe_join
+from mf_celldump.rawformat import names
+from mf_celldump.rawformat.keys import ProbeKey
+from mf_celldump.rawformat.manifest import Manifest, write_manifest
+from mf_celldump.rawformat.markers import write_step_done
+from mf_celldump.rawformat.records import encode_record
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +36,37 @@ class RawWriter:
         self.rank = rank
         self.run_id = run_id
         ensure_dir(dump_path)
-        raw_root = ensure_dir(safe_join(dump_path, naming.RAW_ROOT))
-        self.rank_dir = ensure_dir(safe_join(raw_root, naming.raw_rank_dir_name(rank)))
+        raw_root = ensure_dir(safe_join(dump_path, names.RAW_ROOT))
+        self.rank_dir = ensure_dir(safe_join(raw_root, names.rank_dir_name(rank)))
+        self.manifest: Optional[Manifest] = None
         self._records: Dict[int, TextIO] = {}
         self._step_dirs: Dict[int, str] = {}
         self._lock = threading.Lock()
 
     # -- layout --------------------------------------------------------------------
+    def write_manifest(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self._step_dirs.clear()
+        write_manifest(safe_join(self.rank_dir, names.MANIFEST_FILE), manifest)
+
     def step_dir(self, step: int) -> str:
+        """The raw folder of global step ``step``."""
         path = self._step_dirs.get(step)
         if path is None:
-            path = self._step_dirs[step] = safe_join(self.rank_dir, naming.step_dir_name(step))
+            folder_step = self.manifest.folder_step(step) if self.manifest is not None else step
+            path = self._step_dirs[step] = safe_join(self.rank_dir, names.step_dir_name(folder_step))
+        return path
+
+    def placeholder_step_dir(self) -> str:
+        """The step folder spelled with TensorDump's ``{step}`` placeholder (graph-mode paths)."""
+        return os.path.join(self.rank_dir, names.TENSORDUMP_STEP_PLACEHOLDER)
+
+    def kbk_dir(self) -> str:
+        return ensure_dir(safe_join(self.rank_dir, names.KBK_DIR))
+
+    def write_kbk_config(self, config: dict) -> str:
+        path = safe_join(self.rank_dir, names.KBK_CONFIG_FILE)
+        atomic_write_json(path, config, indent=2)
         return path
 
     def prepare_step(self, step: int) -> str:
@@ -49,36 +74,28 @@ class RawWriter:
         self._step_dirs.pop(step, None)  # checked afresh: the folder may have been replaced
         path = self.step_dir(step)
         if os.path.isdir(path) and os.listdir(path):
-            aside = f"{path}.earlier-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            aside = names.set_aside_dir_name(path, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
             os.replace(path, aside)
-            logger.warning(
-                "raw data of an earlier run for step %d was not processed; moved to %s "
-                "(process it with `mf-celldump process`, or delete it)",
-                step,
-                aside,
-            )
+            logger.warning("raw data of an earlier run for step %d was not processed; moved to %s "
+                           "(process it with `mf-celldump process`, or delete it)", step, aside)
         return ensure_dir(path)
 
     # -- writing -------------------------------------------------------------------
-    def write_manifest(self, manifest: dict) -> None:
-        atomic_write_json(safe_join(self.rank_dir, naming.MANIFEST_FILE), manifest)
-
-    def write_tensor(self, step: int, key: naming.ProbeKey, array: np.ndarray, dtype_name: str,
-                     seq: int) -> None:
+    def write_tensor(self, step: int, key: ProbeKey, array: np.ndarray, dtype_name: str, seq: int) -> None:
         """Save ``array`` under its raw name, atomically."""
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(array), allow_pickle=False)
-        name = naming.raw_tensor_file_name(key, dtype_name, seq)
+        name = names.raw_tensor_file_name(key, dtype_name, seq)
         # No fsync per file: the rename alone keeps a killed run readable; the step
         # marker written at the end of the step is fsynced.
         atomic_write_bytes(os.path.join(self.step_dir(step), name), buffer.getvalue(), fsync=False)
 
-    def append_record(self, step: int, record: dict) -> None:
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+    def append_record(self, step: int, key: ProbeKey, seq: int, **payload) -> None:
+        line = encode_record(key, seq, **payload)
         with self._lock:
             handle = self._records.get(step)
             if handle is None:
-                handle = open_append(safe_join(self.step_dir(step), naming.RECORDS_FILE))
+                handle = open_append(safe_join(self.step_dir(step), names.RECORDS_FILE))
                 self._records[step] = handle
             handle.write(line)
 
@@ -88,11 +105,9 @@ class RawWriter:
             handle = self._records.pop(step, None)
         if handle is not None:
             handle.close()
-        marker = {"step": step, "complete": True, "run_id": self.run_id}
-        marker.update(extra or {})
         path = self.step_dir(step)
         if os.path.isdir(path):
-            atomic_write_json(safe_join(path, naming.STEP_DONE_FILE), marker)
+            write_step_done(safe_join(path, names.STEP_DONE_FILE), step, self.run_id, extra)
 
     def close(self) -> None:
         with self._lock:

@@ -1,11 +1,11 @@
-"""Drives one capture through a training run, whatever trainer calls it.
+"""One capture through one training run, whatever trainer drives it.
 
-The MindSpore callback API and MindFormers 2.0's PyNative trainer API differ only in
-how they say "training starts", "step N starts/ends" and "training ends"; both feed
-this object. It attaches once (whoever comes first: the compile hook or
-``on_train_begin``), processes every captured step as soon as it is complete, and at
-the end detaches and logs where the output is. On failure the step that was running
-is left raw (it is incomplete) and everything complete is processed.
+Trainer adapters (``mindspore_callback``, ``mindformers2``) translate their trainer's
+events into the four calls here: attach (once, whoever comes first: the compile hook
+or the train-begin event), begin a step, end a step, finish. The step state itself
+lives in the attached ``CellDump`` (the one step state machine); this object reacts
+to what ``end_step`` says it finished: a captured, completed step is processed, a
+step cut short by a failure stays raw. At the end it detaches and logs a summary.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ class RunSummary:
     captured_steps: List[int] = field(default_factory=list)
     processed_steps: List[int] = field(default_factory=list)
     outputs: List[str] = field(default_factory=list)  # step folders, relative to dump_path
-    entries: int = 0
-    files: int = 0
+    entries: int = 0  # cell calls (msprobe entries) in the processed output
+    files: int = 0  # raw tensor files read by processing
     empty_steps: List[int] = field(default_factory=list)
     unfinished_step: Optional[int] = None
     problems: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
     def add_report(self, report: Any) -> List[int]:
-        """Fold a processing report (``ProcessingReport``) into the run totals; returns empty steps."""
+        """Fold a ``ProcessingReport`` into the run totals; returns the steps that had no entry."""
         empty = []
-        for outcome in getattr(report, "processed", []):
+        for outcome in report.processed:
             if outcome.step not in self.processed_steps:
                 self.processed_steps.append(outcome.step)
                 self.outputs.append(outcome.output)
@@ -47,25 +47,21 @@ class RunSummary:
             if outcome.entries == 0 and outcome.step not in self.empty_steps:
                 self.empty_steps.append(outcome.step)
                 empty.append(outcome.step)
-        self.problems.extend(getattr(report, "all_problems", []))
+        self.problems.extend(report.all_problems)
         return empty
 
     def text(self) -> str:
         steps = ",".join(str(s) for s in sorted(self.processed_steps)) or "none"
-        lines = [
-            f"mf_celldump: rank {self.rank}: captured steps "
-            f"{','.join(str(s) for s in self.captured_steps) or 'none'}; processed {steps} "
-            f"({self.entries} entries, {self.files} files) under {self.dump_path}"
-        ]
+        captured = ",".join(str(s) for s in self.captured_steps) or "none"
+        lines = [f"mf_celldump: rank {self.rank}: captured steps {captured}; processed {steps} "
+                 f"({self.entries} cell-call entries, {self.files} tensor files) under {self.dump_path}"]
         if self.outputs:
             lines.append("  output: " + ", ".join(sorted(self.outputs)))
         if self.empty_steps:
             lines.append(f"  steps with no captured cell: {','.join(str(s) for s in self.empty_steps)}")
         if self.unfinished_step is not None:
-            lines.append(
-                f"  step {self.unfinished_step} did not finish: its raw data stays in {self.dump_path}/_raw "
-                f"(`mf-celldump process {self.dump_path}` processes what is there)"
-            )
+            lines.append(f"  step {self.unfinished_step} did not finish: its raw data stays in {self.dump_path}/_raw "
+                         f"(`mf-celldump process {self.dump_path}` processes what is there)")
         lines.extend(f"  note: {n}" for n in self.notes)
         if self.problems:
             lines.append(f"  {len(self.problems)} problem(s):")
@@ -73,13 +69,12 @@ class RunSummary:
         return "\n".join(lines)
 
 
-class DumpLifecycle:
-    """Attach-once / step / finish logic shared by every trainer integration."""
+class TrainingRun:
+    """Attach-once / step / finish logic shared by every trainer adapter."""
 
     def __init__(self, config: DumpConfig):
         self.config = config
         self.dump = None  # CellDump once attached
-        self.open_step: Optional[int] = None
         self.finished = False
         self.summary = RunSummary()
 
@@ -88,7 +83,7 @@ class DumpLifecycle:
         return self.dump is not None and self.dump.attached
 
     def ensure_attached(self, network, *, initial_step: int = 0, output_dir: Optional[str] = None,
-                        origin: str = "") -> Any:
+                        origin: str = ""):
         """Attach to ``network`` unless this run already did; returns the handle."""
         if self.dump is not None:
             return self.dump
@@ -103,22 +98,16 @@ class DumpLifecycle:
 
     # -- steps -------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
-        if self.dump is None or self.finished:
-            return
-        if self.open_step is not None:
-            self.end_step()
-        self.dump.begin_step(step)
-        self.open_step = step
+        if self.dump is not None and not self.finished:
+            self._ended(self.dump.begin_step(step))
 
     def end_step(self) -> None:
-        """The open step's outputs are materialised: complete it, and process it if captured."""
-        if self.dump is None or self.open_step is None:
-            return
-        step, self.open_step = self.open_step, None
-        before = len(self.dump.captured_steps)
-        self.dump.end_step()
-        if len(self.dump.captured_steps) > before and self.config.process_on_train_end:
-            self._process([step])
+        if self.dump is not None and not self.finished:
+            self._ended(self.dump.end_step())
+
+    def _ended(self, ended) -> None:
+        if ended is not None and ended.captured and ended.completed and self.config.process_on_train_end:
+            self._process([ended.step])
 
     # -- end of training -----------------------------------------------------------------
     def finish(self, failed: bool = False) -> Optional[RunSummary]:
@@ -129,30 +118,7 @@ class DumpLifecycle:
         if self.dump is None:
             return None
         try:
-            if self.open_step is not None:
-                if failed:
-                    # The step never finished: keep its raw data and do not mark it complete
-                    # (detach would otherwise complete the step that is still active).
-                    if self.dump.abort_step() is not None:  # a selected step: it has raw data
-                        self.summary.unfinished_step = self.open_step
-                    self.open_step = None
-                else:
-                    self.end_step()
-            self.dump.detach()
-            self.summary.captured_steps = list(self.dump.captured_steps)
-            if self.dump.rank not in self.config.ranks:
-                self.summary.notes.append(
-                    f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured"
-                )
-            remaining = [s for s in self.summary.captured_steps if s not in self.summary.processed_steps]
-            if self.config.process_on_train_end:
-                if remaining:  # e.g. processing failed earlier: try once more
-                    self._process(remaining)
-            elif remaining:
-                self.summary.notes.append(
-                    "process_on_train_end is false: run `mf-celldump process "
-                    f"{self.dump.dump_path}` to produce the msprobe layout"
-                )
+            self._close_dump(failed)
         except Exception as err:  # never hide the training outcome behind a dump problem
             if not failed:
                 raise
@@ -160,12 +126,32 @@ class DumpLifecycle:
         logger.info("%s", self.summary.text())
         return self.summary
 
+    def _close_dump(self, failed: bool) -> None:
+        if failed:
+            ended = self.dump.abort_step()  # the step never finished: keep its raw data unmarked
+            if ended is not None and ended.captured:
+                self.summary.unfinished_step = ended.step
+        else:
+            self._ended(self.dump.end_step())
+        self.dump.detach()
+        self.summary.captured_steps = list(self.dump.captured_steps)
+        if self.dump.rank not in self.config.ranks:
+            self.summary.notes.append(
+                f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured")
+        remaining = [s for s in self.summary.captured_steps if s not in self.summary.processed_steps]
+        if self.config.process_on_train_end:
+            if remaining:  # e.g. processing failed earlier: try once more
+                self._process(remaining)
+        elif remaining:
+            self.summary.notes.append("process_on_train_end is false: run `mf-celldump process "
+                                      f"{self.dump.dump_path}` to produce the msprobe layout")
+
     def _process(self, steps) -> None:
         try:
             report = self.dump.process(steps=steps)
         except Exception as err:  # processing problems must not stop training
-            logger.exception("mf_celldump: processing steps %s failed: %s", steps or "remaining", err)
-            self.summary.problems.append(f"processing of steps {steps or 'remaining'} failed: {err}")
+            logger.exception("mf_celldump: processing steps %s failed: %s", steps, err)
+            self.summary.problems.append(f"processing of steps {steps} failed: {err}")
             return
         for step in self.summary.add_report(report):
             logger.warning(

@@ -1,0 +1,91 @@
+"""The capture backend interface: how a captured value reaches the raw tree.
+
+A backend has up to two faces, one per execution mode, and a small lifecycle whose
+defaults do nothing:
+
+* :class:`PyNativeFace`: plain Python, called by the wrapped ``construct`` when it runs
+  eagerly; the key carries the exact call index and the step is known.
+* :class:`GraphFace`: gives a probe function MindSpore's graph compiler parses (only
+  primitives, ``constexpr`` helpers and closures over them), inserted into the graph
+  once per captured value; it handles forward and backward capture of that value.
+  Call indices are unknown at graph build time and inferred by processing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict
+
+from mf_celldump.capture.runtime import CaptureRuntime
+from mf_celldump.capture.sink import RawSink
+from mf_celldump.config import DumpConfig
+from mf_celldump.rawformat.keys import ProbeKey
+from mf_celldump.rawformat.writer import RawWriter
+
+
+class BackendModeError(RuntimeError):
+    """The backend cannot capture in this execution mode; the message names one that can."""
+
+
+@dataclass
+class BackendContext:
+    """What every backend works with: the configuration, the step state, the raw output."""
+
+    config: DumpConfig
+    runtime: CaptureRuntime
+    writer: RawWriter
+
+    @property
+    def sink(self) -> RawSink:
+        return RawSink(self.runtime, self.writer)
+
+
+class PyNativeFace(ABC):
+    """Capture in PyNative mode: values pass through and come back (possibly with a hook)."""
+
+    @abstractmethod
+    def forward(self, value: Any, key: ProbeKey, mode: str) -> Any:
+        """Capture ``value`` (a Tensor or a Python value) of a forward call; return it unchanged."""
+
+    @abstractmethod
+    def backward(self, tensor: Any, key: ProbeKey, mode: str) -> Any:
+        """Return ``tensor`` so that its gradient is captured under ``key`` when it flows back."""
+
+
+class GraphFace(ABC):
+    """Capture in graph mode: one graph-parsable probe function."""
+
+    @abstractmethod
+    def probe_function(self) -> Callable:
+        """``probe(value, head, path, use_in) -> value``; ``head`` = (cell id, slot code)."""
+
+
+class CaptureBackend:
+    """One way of capturing; see the module docstring. Subclasses set ``name``, and override
+    the faces they have and the lifecycle hooks they need (like accelerate's ``ModelHook``)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, context: BackendContext):
+        self.context = context
+        self.config = context.config
+
+    def setup(self, initial_step: int) -> None:
+        """Called once at attach, before any compile."""
+
+    def teardown(self) -> None:
+        """Called at detach."""
+
+    def finish_step(self) -> None:
+        """Called when a captured step ends, after the device has been synchronised."""
+
+    def manifest_fields(self) -> Dict[str, Any]:
+        """Manifest fields this backend decides (how raw step folders are numbered)."""
+        return {}
+
+    def pynative(self) -> PyNativeFace:
+        raise BackendModeError(f"the {self.name} backend does not capture in PyNative mode")
+
+    def graph(self) -> GraphFace:
+        raise BackendModeError(f"the {self.name} backend does not capture in graph mode")

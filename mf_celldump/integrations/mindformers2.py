@@ -1,0 +1,51 @@
+"""MindFormers 2.0's PyNative-trainer callback protocol -> a ``TrainingRun``.
+
+``on_train_begin(args, state, model=[chunks], optimizer=..., ...)``,
+``on_step_begin(args, state, ...)``, ``on_step_end(args, state, loss=..., ...)``; ``state``
+is a ``TrainerState`` with ``global_step``, ``args`` the training arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mf_celldump.integrations.mindspore_callback import param
+from mf_celldump.integrations.run import TrainingRun
+
+
+def model_root(model: Any):
+    """The cell to name from: the model, or a container for several pipeline chunks."""
+    if isinstance(model, (list, tuple)):
+        chunks = [m for m in model if m is not None]
+        if not chunks:
+            return None
+        if len(chunks) == 1:
+            return chunks[0]
+        from mf_celldump.integrations.chunks import ModelChunks
+
+        return ModelChunks(chunks)
+    return model
+
+
+class MindFormers2Adapter:
+    """Typed MindFormers 2.0 trainer hooks."""
+
+    def on_train_begin(self, run: TrainingRun, args: Any = None, state: Any = None,
+                       model: Optional[Any] = None, **kwargs: Any) -> None:
+        network = model_root(model)
+        if network is None:
+            raise ValueError(
+                "CellDumpCallback: on_train_begin got no model (expected model=<Cell or list of model "
+                "chunks> from the MindFormers 2.0 trainer)"
+            )
+        run.ensure_attached(network, initial_step=int(param(state, "global_step", 0) or 0),
+                            output_dir=param(args, "output_dir"),
+                            origin="on_train_begin (MindFormers 2.0 trainer)")
+
+    def on_step_begin(self, run: TrainingRun, args: Any = None, state: Any = None, **kwargs: Any) -> None:
+        if not run.attached and kwargs.get("model") is not None:
+            self.on_train_begin(run, args, state, **kwargs)
+        run.begin_step(int(param(state, "global_step", 0)))
+
+    def on_step_end(self, run: TrainingRun, args: Any = None, state: Any = None, **kwargs: Any) -> None:
+        run.end_step()

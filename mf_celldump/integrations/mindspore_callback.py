@@ -1,0 +1,105 @@
+"""MindSpore's callback protocol (``Model.train``, MindFormers 1.x) -> a ``TrainingRun``.
+
+MindSpore calls ``on_train_begin(run_context)``, ``on_train_step_begin/end(run_context)``
+and ``on_train_end(run_context)``; ``run_context.original_args()`` carries the network
+and step counters. This adapter turns them into global steps (resumed MindFormers runs
+count from their ``initial_step``) and drives the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from mf_celldump.capture.selection import unwrap
+from mf_celldump.integrations.run import TrainingRun
+
+logger = logging.getLogger(__name__)
+
+
+def param(params: Any, key: str, default=None):
+    """Read ``key`` from MindSpore's callback params (a dict), a config or a state object."""
+    if params is None:
+        return default
+    value = params.get(key, default) if isinstance(params, Mapping) else getattr(params, key, default)
+    return default if value is None else value
+
+
+def dataset_init_step(dataset) -> int:
+    """The step a dataset resumes from (MindFormers sets it when resuming), else 0."""
+    getter = getattr(dataset, "get_init_step", None)
+    if getter is None:
+        return 0
+    try:
+        return int(getter() or 0)
+    except Exception:  # not every dataset node supports it
+        return 0
+
+
+def initial_step_offset(params, owner) -> int:
+    """How many steps ran before ``cur_step_num`` started counting (resumed MindFormers runs).
+
+    MindFormers 1.x resumes by skipping data and passing ``runner_config.initial_step`` to
+    its own monitors (``default_args``), while MindSpore's ``cur_step_num`` restarts at 0;
+    MindSpore's ``initial_step`` param is set only on fault-tolerance restarts (then it wins,
+    as in MindFormers' monitors). Callbacks built from YAML receive no such argument, so read
+    the value MindFormers gave its own monitors, else the dataset's resume step.
+    """
+    explicit = param(params, "initial_step")
+    if explicit is not None:
+        return int(explicit)
+    for callback in param(params, "list_callback", ()) or ():
+        if callback is owner or not type(callback).__module__.startswith("mindformers"):
+            continue
+        value = getattr(callback, "initial_step", None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return dataset_init_step(param(params, "train_dataset"))
+
+
+class MindSporeAdapter:
+    """Typed MindSpore callback hooks; ``owner`` is the callback object MindSpore holds."""
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.step_offset = 0
+        self.last_step_num: Optional[int] = None
+        self.warned_multi_step = False
+
+    def on_train_begin(self, run: TrainingRun, run_context) -> None:
+        params = run_context.original_args()
+        network = param(params, "network")
+        if network is None:  # Cells with __len__ can be falsy: compare with None
+            network = param(params, "train_network")
+        start = int(param(params, "cur_step_num", 0) or 0)
+        self.step_offset = initial_step_offset(params, self.owner)
+        self.last_step_num = start
+        first_step = start + self.step_offset
+        dump = run.dump
+        if dump is not None and unwrap(dump.network) is not unwrap(network):
+            logger.warning("mf_celldump: capture was attached at compile time to %s but training runs %s; "
+                           "re-attaching to the training network", type(dump.model).__name__,
+                           type(network).__name__)
+            dump.detach()
+            run.dump = None
+        elif dump is not None and dump.initial_step != first_step:
+            logger.info("mf_celldump: attached before compile with first step %d; training starts at "
+                        "global step %d", dump.initial_step, first_step)
+        run.ensure_attached(network, initial_step=first_step, origin="on_train_begin")
+
+    def on_train_step_begin(self, run: TrainingRun, run_context) -> None:
+        current = int(param(run_context.original_args(), "cur_step_num", 0))
+        first = self.last_step_num if self.last_step_num is not None else current - 1
+        if current - first > 1 and not self.warned_multi_step:
+            self.warned_multi_step = True
+            logger.warning(
+                "mf_celldump: one callback step covers %d training steps (data sink); they are captured "
+                "as step %d unless the capture backend numbers graph steps itself. Use sink_size 1 "
+                "for one folder per step.", current - first, first + self.step_offset,
+            )
+        run.begin_step(first + self.step_offset)
+
+    def on_train_step_end(self, run: TrainingRun, run_context) -> None:
+        self.last_step_num = int(param(run_context.original_args(), "cur_step_num", 0))
+        run.end_step()

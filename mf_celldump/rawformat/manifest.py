@@ -1,0 +1,214 @@
+"""The rank manifest (``_raw/rank{R}/manifest.json``): written at attach, checked on every read.
+
+It says how to read the rank's raw data: which cells the ids in raw names refer to,
+the task and statistics, how raw step folders are numbered, and whether the folder is
+the single-card ``rank`` or a distributed ``rank{R}`` in the output. Its ``format``
+names the raw-format version; a reader refuses a version it does not know, with a
+message saying which versions it reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS
+from mf_celldump.fsutil import atomic_write_json, read_json_inside
+
+FORMAT = "mf_celldump-raw/1"
+READABLE_FORMATS = (FORMAT,)
+
+# How raw step folders are numbered: "global" = the training run's global step (0-based);
+# "graph" = the graph's own step counter, which starts at 0 in every process: add
+# ``graph_step_base`` (the global step at attach time) for the global step.
+NUMBERING_GLOBAL = "global"
+NUMBERING_GRAPH = "graph"
+STEP_NUMBERINGS = (NUMBERING_GLOBAL, NUMBERING_GRAPH)
+
+
+# Manifest fields (docs/raw-format.md is generated from this table).
+FIELDS = {
+    "format": f"'{FORMAT}': the raw-format version; readers refuse versions they do not know",
+    "run_id": "unique per attach",
+    "task": "'tensor' or 'statistics'",
+    "statistics": "configured statistics names (max, min, mean, norm, md5, nan_count, inf_count)",
+    "backend": "the capture backend that wrote the data",
+    "rank": "int: the rank",
+    "distributed": "bool: output folder rank{R} (true) or rank (false)",
+    "step_numbering": f"'{NUMBERING_GLOBAL}': step folders are global steps; '{NUMBERING_GRAPH}': graph steps, "
+                      "add graph_step_base",
+    "graph_step_base": "int: the global step at attach time",
+    "cells": "list of {id, name, class, module, file, line, params}: params are construct's parameter names",
+    "tool_version, config, data_mode, execution_mode, device, mindspore_version, model_class": "informative",
+}
+
+
+class ManifestError(ValueError):
+    """A rank's ``manifest.json`` is unreadable, of an unknown version, or lacks a field."""
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One captured cell: the id raw names use, its name and class, where it is defined."""
+
+    cell_id: int
+    name: str
+    class_name: str
+    module: str = ""
+    file: str = ""
+    line: Optional[int] = None
+    params: Tuple[str, ...] = ()  # construct's parameter names (without self), to name keyword inputs
+
+    def to_json(self) -> dict:
+        return {"id": self.cell_id, "name": self.name, "class": self.class_name, "module": self.module,
+                "file": self.file, "line": self.line, "params": list(self.params)}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    rank: int
+    distributed: bool
+    task: str
+    cells: Dict[int, CellRecord]
+    statistics: Tuple[str, ...] = DEFAULT_STATISTICS
+    backend: str = ""
+    step_numbering: str = NUMBERING_GLOBAL
+    graph_step_base: int = 0
+    run_id: str = ""
+    details: Dict[str, Any] = field(default_factory=dict)  # informative: config, versions, mode
+    path: str = ""  # where it was read from ("" before it is written)
+
+    def global_step(self, folder_step: int) -> int:
+        """Global step of a raw ``step{N}`` folder."""
+        return folder_step + self.graph_step_base if self.step_numbering == NUMBERING_GRAPH else folder_step
+
+    def folder_step(self, global_step: int) -> int:
+        """The ``N`` of the raw ``step{N}`` folder that holds global step ``global_step``."""
+        if self.step_numbering == NUMBERING_GRAPH:
+            return global_step - self.graph_step_base
+        return global_step
+
+    def to_json(self) -> dict:
+        out = {"format": FORMAT, "run_id": self.run_id, "task": self.task,
+               "statistics": list(self.statistics), "backend": self.backend, "rank": self.rank,
+               "distributed": self.distributed, "step_numbering": self.step_numbering,
+               "graph_step_base": self.graph_step_base}
+        out.update(self.details)
+        out["cells"] = [c.to_json() for c in sorted(self.cells.values(), key=lambda c: c.cell_id)]
+        return out
+
+    def with_changes(self, **changes) -> Manifest:
+        return dataclasses.replace(self, **changes)
+
+
+def write_manifest(path: str, manifest: Manifest) -> None:
+    atomic_write_json(path, manifest.to_json())
+
+
+def _require(data: dict, key: str, kind, path: str):
+    if key not in data:
+        raise ManifestError(f"{path}: missing key {key!r}; the file was not written by mf_celldump's capture")
+    value = data[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ManifestError(f"{path}: key {key!r} has invalid value {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _cell(raw: Any, path: str) -> CellRecord:
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path}: each entry of 'cells' must be an object, got {_short(raw)}")
+    cell_id = _require(raw, "id", int, path)
+    params = raw.get("params") or []
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        raise ManifestError(f"{path}: cell {cell_id} has invalid 'params' {_short(params)}")
+    line = raw.get("line")
+    return CellRecord(
+        cell_id=cell_id,
+        name=_require(raw, "name", str, path),
+        class_name=_require(raw, "class", str, path),
+        module=str(raw.get("module") or ""),
+        file=str(raw.get("file") or ""),
+        line=line if isinstance(line, int) and not isinstance(line, bool) else None,
+        params=tuple(params),
+    )
+
+
+def _cells(data: dict, path: str) -> Dict[int, CellRecord]:
+    cells: Dict[int, CellRecord] = {}
+    for raw in _require(data, "cells", list, path):
+        cell = _cell(raw, path)
+        if cell.cell_id in cells:
+            raise ManifestError(f"{path}: cell id {cell.cell_id} appears twice")
+        cells[cell.cell_id] = cell
+    return cells
+
+
+def _check_format(data: dict, path: str) -> None:
+    version = data.get("format")
+    if version not in READABLE_FORMATS:
+        raise ManifestError(
+            f"{path}: raw format {_short(version)} is not one this mf_celldump reads "
+            f"({', '.join(READABLE_FORMATS)}); process this dump with the mf_celldump version that captured it"
+        )
+
+
+def _numbering(data: dict, path: str) -> Tuple[str, int]:
+    numbering = data.get("step_numbering", NUMBERING_GLOBAL)
+    if numbering not in STEP_NUMBERINGS:
+        raise ManifestError(f"{path}: invalid 'step_numbering' {_short(numbering)}; "
+                            f"valid: {', '.join(STEP_NUMBERINGS)}")
+    base = data.get("graph_step_base", 0)
+    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+        raise ManifestError(f"{path}: invalid 'graph_step_base' {_short(base)}")
+    return numbering, base
+
+
+def manifest_from_json(data: Any, path: str) -> Manifest:
+    """Validate a parsed manifest; errors name the file and the key."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: expected a JSON object")
+    _check_format(data, path)
+    task = _require(data, "task", str, path)
+    if task not in TASKS:
+        raise ManifestError(f"{path}: unknown task {_short(task)}; valid: {', '.join(TASKS)}")
+    stats = data.get("statistics") or list(DEFAULT_STATISTICS)
+    if not isinstance(stats, list) or any(s not in STATISTICS for s in stats):
+        raise ManifestError(f"{path}: invalid 'statistics' {_short(stats)}; valid names: {', '.join(STATISTICS)}")
+    numbering, base = _numbering(data, path)
+    known = {"format", "run_id", "task", "statistics", "backend", "rank", "distributed", "step_numbering",
+             "graph_step_base", "cells"}
+    return Manifest(
+        rank=_require(data, "rank", int, path),
+        distributed=bool(data.get("distributed", False)),
+        task=task,
+        cells=_cells(data, path),
+        statistics=tuple(stats),
+        backend=str(data.get("backend", "")),
+        step_numbering=numbering,
+        graph_step_base=base,
+        run_id=str(data.get("run_id", "")),
+        details={k: v for k, v in data.items() if k not in known},
+        path=path,
+    )
+
+
+def load_manifest(path: str, root_real: str) -> Manifest:
+    """Read and validate one manifest (a plain file inside ``root_real``, never through a link)."""
+    try:
+        data = read_json_inside(path, root_real)
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: missing; this rank folder was not written by mf_celldump's capture") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise ManifestError(f"{path}: unreadable ({_short(str(err))}); "
+                            "restore it from the training run's dump folder") from None
+    return manifest_from_json(data, path)
+
+
+def cell_list(cells: List[CellRecord]) -> Dict[int, CellRecord]:
+    return {c.cell_id: c for c in cells}

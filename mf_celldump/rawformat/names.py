@@ -1,0 +1,148 @@
+"""Names of everything under ``{dump_path}/_raw``: folders, raw tensor files, marker files.
+
+A raw tensor file's stem encodes everything processing needs (cell id, direction,
+slot, value kind, call, index path), so processing never guesses from cell names.
+Cell names never appear in raw file names: a cell is referred to by its integer id
+from the rank manifest, so no cell name can steer a file outside ``dump_path``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from mf_celldump.rawformat.keys import BACKWARD, FORWARD, ProbeKey
+
+# {dump_path}/{RAW_ROOT}/rank{R}/{MANIFEST_FILE}, .../step{N}/...
+RAW_ROOT = "_raw"
+MANIFEST_FILE = "manifest.json"
+RECORDS_FILE = "records.jsonl"
+STEP_DONE_FILE = "_step_done.json"
+KBK_DIR = "kbk"  # rank{R}/kbk/**/{iteration}/statistic.csv (Ascend kernel-by-kernel statistics)
+KBK_CONFIG_FILE = "kbk_dump_config.json"
+KBK_STATISTIC_CSV = "statistic.csv"
+PROCESSED_DIR = "_processed"  # rank{R}/_processed/step{N}.json: what processing consumed
+PROCESSING_LOCK = ".processing.lock"
+
+_DIR_LETTER = {FORWARD: "f", BACKWARD: "b"}
+_LETTER_DIR = {v: k for k, v in _DIR_LETTER.items()}
+
+# c{cell}.{f|b}.{slot}.{kind}.n{call|x}.p{i.j.k}  + TensorDump's [_in]_{dtype}_{id}.npy
+_RAW_TENSOR_RE = re.compile(
+    r"^c(?P<cell>\d{1,9})\.(?P<dir>[fb])\.(?P<slot>[ako])\.(?P<kind>[tifbn])\.n(?P<call>\d{1,9}|x)"
+    r"\.p(?P<path>\d{1,6}(?:\.\d{1,6}){0,31})(?:_(?P<mode>in))?_(?P<dtype>[A-Za-z0-9]{1,32})"
+    r"_(?P<seq>\d{1,18})\.npy$"
+)
+_KBK_STEM_RE = re.compile(
+    r"c(?P<cell>\d{1,9})-(?P<dir>[fb])-(?P<slot>[ako])-(?P<kind>[tifbn])-n(?P<call>\d{1,9}|x)"
+    r"-p(?P<path>\d{1,6}(?:-\d{1,6}){0,31})"
+)
+_STEP_RE = re.compile(r"^step(\d{1,12})$")
+_RANK_RE = re.compile(r"^rank(\d{1,9})$")
+
+
+def raw_stem(key: ProbeKey, sep: str = ".") -> str:
+    """File stem for a raw tensor of ``key``; writers append ``_{dtype}_{seq}.npy``.
+
+    ``sep="-"`` gives the form used inside kernel names of MindSpore's kernel-by-kernel
+    statistics dump (``statistic.csv``), where dots are not kept.
+    """
+    call = "x" if key.call is None else str(key.call)
+    path = sep.join(str(i) for i in key.path)
+    letter = _DIR_LETTER[key.direction]
+    return sep.join((f"c{key.cell_id}", letter, key.slot, key.kind, f"n{call}", f"p{path}"))
+
+
+def raw_tensor_file_name(key: ProbeKey, dtype: str, seq: int) -> str:
+    """Full raw file name as our own writers produce it (same shape as TensorDump's)."""
+    return f"{raw_stem(key)}_{dtype}_{seq}.npy"
+
+
+def _key(match: re.Match, sep: str) -> ProbeKey:
+    return ProbeKey(
+        cell_id=int(match["cell"]),
+        direction=_LETTER_DIR[match["dir"]],
+        slot=match["slot"],
+        kind=match["kind"],
+        path=tuple(int(p) for p in match["path"].split(sep)),
+        call=None if match["call"] == "x" else int(match["call"]),
+    )
+
+
+@dataclass(frozen=True)
+class RawTensorName:
+    key: ProbeKey
+    numpy_dtype: str  # dtype as written in the name (bfloat16 data is stored as float32)
+    seq: int  # execution order within the process (TensorDump id or our own counter)
+    tensordump_in_mode: bool
+
+
+def parse_raw_tensor_name(file_name: str) -> Optional[RawTensorName]:
+    """Parse a raw tensor file name; None when the file is not one of ours.
+
+    Every number has a bounded number of digits, so no name can make a reader build
+    huge integers or deep index paths.
+    """
+    m = _RAW_TENSOR_RE.match(file_name)
+    if m is None:
+        return None
+    return RawTensorName(_key(m, "."), m["dtype"], int(m["seq"]), m["mode"] == "in")
+
+
+def find_kbk_stem(op_name: str) -> Optional[ProbeKey]:
+    """Find our dash-separated stem inside a ``statistic.csv`` ``Op Name``; None if absent."""
+    m = _KBK_STEM_RE.search(op_name)
+    return None if m is None else _key(m, "-")
+
+
+def rank_dir_name(rank: int) -> str:
+    """Raw rank folders are always numbered, also on a single card."""
+    return f"rank{rank}"
+
+
+def parse_rank_dir_name(name: str) -> Optional[int]:
+    m = _RANK_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def step_dir_name(step: int) -> str:
+    return f"step{step}"
+
+
+def parse_step_dir_name(name: str) -> Optional[int]:
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def kbk_iteration_from_dir_name(name: str) -> Optional[int]:
+    """MindSpore names the kernel-by-kernel dump's iteration folders by the bare number."""
+    return int(name) if name.isdigit() and len(name) <= 12 else None
+
+
+def processed_marker_name(step: int) -> str:
+    return f"{step_dir_name(step)}.json"
+
+
+def parse_processed_marker_name(name: str) -> Optional[int]:
+    return parse_step_dir_name(name[: -len(".json")]) if name.endswith(".json") else None
+
+
+def set_aside_dir_name(step_dir: str, stamp: str) -> str:
+    """Where a step folder of an earlier, unprocessed run is moved when the step is captured again."""
+    return f"{step_dir}.earlier-{stamp}"
+
+
+def removing_dir_name(name: str) -> str:
+    """A raw folder renamed here is being deleted; a leftover one is finished on the next run."""
+    return f".{name}.removing"
+
+
+def is_removing_dir_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".removing")
+
+
+# TensorDump replaces this path component with ``step{N}`` (N = the graph's step counter),
+# which is the form ``step_dir_name`` gives; graph-mode TensorDump paths use it in place of
+# a numbered step folder.
+TENSORDUMP_STEP_PLACEHOLDER = "{step}"

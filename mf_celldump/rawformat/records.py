@@ -1,0 +1,127 @@
+"""``records.jsonl``: statistics and non-tensor values, one JSON object per line.
+
+The capture side appends whole lines (``encode_record``); processing reads them back
+(``read_records``). The file is append-only and may end in a torn line when the run was
+killed while writing; that line is reported as a warning and skipped. A bad line
+elsewhere is a problem (the raw step is then kept) but never stops the other lines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.keys import (
+    DIRECTIONS,
+    KIND_TENSOR,
+    KINDS,
+    MAX_INDEX,
+    MAX_PATH_DEPTH,
+    SLOTS,
+    ProbeKey,
+)
+
+# Record fields (docs/raw-format.md is checked against this table).
+FIELDS = {
+    "seq": "int: execution order inside the process",
+    "cell": "int: manifest cell id",
+    "dir": "'forward' or 'backward'",
+    "slot": "'a', 'k' or 'o' (see the raw tensor file name)",
+    "kind": "'t', 'i', 'f', 'b' or 'n' (see the raw tensor file name)",
+    "call": "int or null: the call index, null when processing infers it",
+    "path": "list of int: the index path",
+    "dtype": "tensor records: MindSpore's dtype spelling (Float32, ...)",
+    "shape": "tensor records: list of int",
+    "stats": "tensor records: msprobe statistics keys (Max, Min, Mean, Norm, md5, nan_count, inf_count)",
+    "value": "non-tensor records: the value (int, float, bool or null)",
+}
+MAX_LINE_BYTES = 1 << 20  # a record is a few hundred bytes; anything longer is not ours
+
+
+def encode_record(key: ProbeKey, seq: int, **payload: Any) -> str:
+    """One line for ``key``: tensor records carry dtype/shape/stats, value records ``value``."""
+    head: Dict[str, Any] = {"seq": seq, "cell": key.cell_id, "dir": key.direction, "slot": key.slot,
+                            "kind": key.kind, "call": key.call, "path": list(key.path)}
+    head.update(payload)
+    return json.dumps(head, separators=(",", ":")) + "\n"
+
+
+@dataclass
+class RecordsRead:
+    captures: List[Capture] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    problems: List[str] = field(default_factory=list)
+    size: int = 0
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _key(obj: dict) -> ProbeKey:
+    cell = _int(obj.get("cell"))
+    direction, slot, kind = obj.get("dir"), obj.get("slot"), obj.get("kind")
+    call, path = obj.get("call"), obj.get("path")
+    if cell is None or cell < 0:
+        raise ValueError("'cell' must be a non-negative integer")
+    if direction not in DIRECTIONS or slot not in SLOTS or kind not in KINDS:
+        raise ValueError("invalid dir/slot/kind")
+    if call is not None and (_int(call) is None or not 0 <= call < MAX_INDEX):
+        raise ValueError("invalid call")
+    if not isinstance(path, list) or not 0 < len(path) <= MAX_PATH_DEPTH or any(
+        _int(p) is None or not 0 <= p < MAX_INDEX for p in path
+    ):
+        raise ValueError(f"invalid path (1 to {MAX_PATH_DEPTH} integers in [0, {MAX_INDEX}))")
+    return ProbeKey(cell, direction, slot, kind, tuple(path), call)
+
+
+def decode_record(obj: Any, origin: str, order: int) -> Capture:
+    """A capture from one parsed line; ValueError says what is wrong with it."""
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    seq = _int(obj.get("seq"))
+    if seq is None:
+        raise ValueError("'seq' must be an integer")
+    key = _key(obj)
+    if key.kind != KIND_TENSOR:
+        value = obj.get("value")
+        if not (value is None or isinstance(value, (bool, int, float))):
+            raise ValueError("'value' must be a number, a bool or null")
+        return Capture(seq, order, key, origin, value=value)
+    shape, stats, dtype = obj.get("shape"), obj.get("stats") or {}, obj.get("dtype")
+    if not isinstance(shape, list) or any(_int(d) is None or d < 0 for d in shape) or len(shape) > 64:
+        raise ValueError("'shape' must be a list of at most 64 non-negative integers")
+    if not isinstance(stats, dict) or not isinstance(dtype, str) or len(dtype) > 32:
+        raise ValueError("a tensor record needs 'dtype' (string) and 'stats' (object)")
+    if len(stats) > 16 or not all(isinstance(k, str) and _stat_value(v) for k, v in stats.items()):
+        raise ValueError("'stats' must map at most 16 names to numbers, bools, short strings or null")
+    return Capture(seq, order, key, origin, dtype=dtype, shape=tuple(shape), stats=stats)
+
+
+def _stat_value(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 64)
+
+
+def read_records(data: bytes, path: str, first_order: int) -> RecordsRead:
+    """All usable lines of a records file's content; ``first_order`` numbers them after others."""
+    out = RecordsRead(size=len(data))
+    lines = data.split(b"\n")
+    ends_clean = data.endswith(b"\n") or not data
+    if ends_clean:
+        lines.pop()  # the empty string after the final newline
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        origin = f"{path}:{number}"
+        try:
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
+            out.captures.append(decode_record(json.loads(raw), origin, first_order + number))
+        except (ValueError, RecursionError) as err:
+            if number == len(lines) and not ends_clean:
+                out.warnings.append(f"{origin}: torn last line skipped (the run stopped while writing it)")
+            else:
+                out.problems.append(f"{origin}: unusable record ({str(err)[:200]})")
+    return out

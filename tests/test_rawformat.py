@@ -1,0 +1,93 @@
+"""The raw format has one owner: its document, its names and its version check agree.
+
+The expected names here come from ``tests/formats.py`` (literal), not from the package.
+"""
+
+import json
+import os
+
+import pytest
+
+from mf_celldump.rawformat import keys, manifest, names, records, spec
+from tests import formats as fmt
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_document_holds_exactly_the_generated_tables():
+    with open(os.path.join(REPO, "docs", "raw-format.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    assert spec.generate() in text, "docs/raw-format.md is stale: run python -m mf_celldump.rawformat.spec --write"
+
+
+@pytest.mark.parametrize("key", [
+    fmt.Key(0, fmt.FORWARD, fmt.SLOT_ARG, fmt.KIND_TENSOR, (0,), None),
+    fmt.Key(12, fmt.BACKWARD, fmt.SLOT_OUTPUT, fmt.KIND_TENSOR, (1, 0, 3), 4),
+    fmt.Key(3, fmt.FORWARD, fmt.SLOT_KWARG, fmt.KIND_INT, (2,), 0),
+])
+def test_raw_file_names_match_the_literal_format(key):
+    package_key = keys.ProbeKey(*key)
+    name = names.raw_tensor_file_name(package_key, "float32", 9)
+    assert name == fmt.raw_tensor_file_name(key, "float32", 9)
+    parsed = names.parse_raw_tensor_name(fmt.raw_stem(key) + "_in_bfloat16_123.npy")
+    assert parsed.key == package_key and parsed.numpy_dtype == "bfloat16" and parsed.seq == 123
+    assert parsed.tensordump_in_mode
+    assert names.find_kbk_stem("Default/TensorDump-op3|" + fmt.raw_stem(key, "-")) == package_key
+
+
+@pytest.mark.parametrize("name", [
+    "c1.f.a.t.nx.p" + "9" * 30 + "_float32_0.npy",  # an index of 30 digits
+    "c1.f.a.t.nx.p" + ".".join(["0"] * 40) + "_float32_0.npy",  # 40 levels deep
+    "c1.q.a.t.nx.p0_float32_0.npy",
+    "notes.txt",
+])
+def test_names_outside_the_bounds_are_not_ours(name):
+    assert names.parse_raw_tensor_name(name) is None
+
+
+def test_tree_names_match_the_literal_format():
+    assert (names.RAW_ROOT, names.MANIFEST_FILE, names.RECORDS_FILE, names.STEP_DONE_FILE) == (
+        fmt.RAW_ROOT, fmt.MANIFEST_FILE, fmt.RECORDS_FILE, fmt.STEP_DONE_FILE)
+    assert names.rank_dir_name(7) == fmt.raw_rank_dir_name(7) and names.step_dir_name(5) == fmt.step_dir_name(5)
+    assert manifest.FORMAT == fmt.RAW_FORMAT
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_manifest_version_is_checked_on_read(tmp_path):
+    good = {"format": fmt.RAW_FORMAT, "task": "tensor", "rank": 0, "cells": []}
+    assert manifest.load_manifest(_write(tmp_path, good), str(tmp_path)).task == "tensor"
+    for bad in ("mf_celldump-raw/99", None):
+        data = dict(good, format=bad)
+        with pytest.raises(manifest.ManifestError, match="not one this mf_celldump reads"):
+            manifest.load_manifest(_write(tmp_path, data), str(tmp_path))
+
+
+def test_manifest_written_by_the_package_reads_back(tmp_path):
+    cell = manifest.CellRecord(0, "model.layers.0", "Layer", params=("x", "mask"))
+    written = manifest.Manifest(rank=2, distributed=True, task="statistics", cells={0: cell},
+                                step_numbering=manifest.NUMBERING_GRAPH, graph_step_base=100)
+    path = str(tmp_path / "manifest.json")
+    manifest.write_manifest(path, written)
+    read = manifest.load_manifest(path, str(tmp_path))
+    assert read.cells == written.cells and read.global_step(3) == 103 and read.folder_step(103) == 3
+    with open(path) as handle:
+        cells = json.load(handle)["cells"]
+    assert cells[0] == {
+        "id": 0, "name": "model.layers.0", "class": "Layer", "module": "", "file": "", "line": None,
+        "params": ["x", "mask"]}
+
+
+def test_records_round_trip_and_refuse_what_is_not_ours():
+    key = keys.ProbeKey(1, keys.FORWARD, keys.SLOT_ARG, keys.KIND_TENSOR, (0, 2), None)
+    line = records.encode_record(key, 5, dtype="Float32", shape=[2], stats={"Max": 1.0})
+    assert json.loads(line) == {"seq": 5, "cell": 1, "dir": "forward", "slot": "a", "kind": "t", "call": None,
+                                "path": [0, 2], "dtype": "Float32", "shape": [2], "stats": {"Max": 1.0}}
+    deep = b"[" * 100_000 + b"]" * 100_000
+    read = records.read_records(line.encode() + deep + b"\n" + b'{"seq": 1}\n', "r.jsonl", 0)
+    assert len(read.captures) == 1 and read.captures[0].key == key
+    assert len(read.problems) == 2 and "r.jsonl:2" in read.problems[0]
