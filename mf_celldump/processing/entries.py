@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import naming
-from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.manifest import CellRecord
 
 

@@ -13,7 +13,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from mf_celldump import naming
 from mf_celldump.dtypes import mindspore_dtype_name
 from mf_celldump.processing.entries import Entry
-from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import KIND_TENSOR, KIND_TYPE_NAMES, SLOT_KWARG
 
 TENSOR_TYPE = "mindspore.Tensor"

@@ -24,7 +24,7 @@ from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Fold
 from mf_celldump.processing.observer import ProcessingObserver
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import markers, names
-from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.kbk_csv import read_statistic_csvs
 from mf_celldump.rawformat.keys import KIND_TENSOR
 from mf_celldump.rawformat.manifest import Manifest

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
-from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import KIND_TENSOR, scalar_of_kind
 from mf_celldump.rawformat.names import find_kbk_stem
 from mf_celldump.statistics import StatValues, statistics_record

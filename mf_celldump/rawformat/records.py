@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import (
     DIRECTIONS,
     KIND_TENSOR,

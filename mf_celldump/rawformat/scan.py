@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mf_celldump.fsutil import child, read_bytes_inside
 from mf_celldump.rawformat import names
-from mf_celldump.rawformat.capture import Capture
+from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.records import read_records
 
