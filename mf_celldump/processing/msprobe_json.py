@@ -49,6 +49,30 @@ def record_of(capture: Capture, data_name: Optional[str]) -> Optional[dict]:
     return record
 
 
+# Positions left empty (null) in one argument list: a few are normal (an argument nobody
+# captured), millions would come only from a corrupt index path and would cost memory.
+MAX_GAPS = 1024
+
+
+def index_gap_problem(captures: Iterable[Capture]) -> Optional[str]:
+    """Why the index paths of one entry's captures would need too many empty positions (None if fine)."""
+    children: Dict[tuple, set] = {}
+    for capture in captures:
+        key = capture.key
+        if key.slot == SLOT_KWARG and key.msprobe_io == "output":
+            continue  # appended after the outputs, never nested
+        group, path = (key.msprobe_io, "kw", key.path[0]), key.path[1:]
+        if key.slot != SLOT_KWARG:
+            group, path = (key.msprobe_io,), key.path
+        for depth, index in enumerate(path):
+            children.setdefault(group + path[:depth], set()).add(index)
+    for where, seen in children.items():
+        if max(seen) + 1 - len(seen) > MAX_GAPS:
+            return (f"index {max(seen)} under {'.'.join(str(p) for p in where)} would leave "
+                    f"{max(seen) + 1 - len(seen)} empty positions (more than {MAX_GAPS}); corrupt index path?")
+    return None
+
+
 def _nest(pairs: List[Tuple[Tuple[int, ...], object]]) -> list:
     """Build nested lists from (index path, leaf) pairs; numeric order, gaps kept as GAP."""
     heads: Dict[int, List[Tuple[Tuple[int, ...], object]]] = {}
