@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from typing import Iterable, List, Optional, Set, Tuple, Union
 
 from mf_celldump import fsutil, naming
@@ -46,14 +47,21 @@ def _selection(values: Union[IndexSelection, Iterable[int], None], what: str) ->
     return IndexSelection.of(values)
 
 
+def _is_output(folder: str) -> bool:
+    """A real output rank folder (no link followed) with its dump.json."""
+    try:
+        return stat.S_ISDIR(os.lstat(folder).st_mode) and \
+            stat.S_ISREG(os.lstat(os.path.join(folder, naming.DUMP_JSON)).st_mode)
+    except OSError:
+        return False
+
+
 def _has_output(root: str) -> bool:
     for entry in os.scandir(root):
         if naming.parse_step_dir_name(entry.name) is None or not entry.is_dir(follow_symlinks=False):
             continue
         for sub in os.scandir(entry.path):
-            if naming.parse_output_rank_dir_name(sub.name) is not None and os.path.isfile(
-                os.path.join(sub.path, naming.DUMP_JSON)
-            ):
+            if naming.parse_output_rank_dir_name(sub.name) is not None and _is_output(sub.path):
                 return True
     return False
 
@@ -232,10 +240,12 @@ def process_dump(dump_path, steps: Union[IndexSelection, Iterable[int], None] = 
     observer = observer or ProgressObserver()
     report = ProcessingReport(root)
     try:
-        rank_dirs = find_rank_dirs(root, os.path.join(root, names.RAW_ROOT))
+        rank_dirs = find_rank_dirs(root, os.path.join(root, names.RAW_ROOT), report.problems)
     except OSError as err:
         raise ProcessingError(space.os_problem(err, "cannot read the raw data folder")) from None
     if not rank_dirs:
+        if report.problems:
+            raise ProcessingError("; ".join(report.problems))
         return _no_raw_data(root, report)
     contexts = _rank_contexts(root, rank_dirs, rank_filter, report)
     locks: List[fsutil.FolderLock] = []
@@ -282,6 +292,6 @@ def _output_steps(root: str, out_rank_names: Set[str]) -> Set[int]:
         step = naming.parse_step_dir_name(entry.name)
         if step is None or not entry.is_dir(follow_symlinks=False):
             continue
-        if any(os.path.isfile(os.path.join(entry.path, name, naming.DUMP_JSON)) for name in out_rank_names):
+        if any(_is_output(os.path.join(entry.path, name)) for name in out_rank_names):
             steps.add(step)
     return steps

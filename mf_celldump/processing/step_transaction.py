@@ -214,6 +214,7 @@ def _our_links(*data_dirs: str) -> Dict[Tuple[int, int], int]:
     links: Dict[Tuple[int, int], int] = {}
     for folder in data_dirs:
         try:
+            fsutil.check_plain_dir(os.path.dirname(folder))
             fsutil.check_plain_dir(folder)
             with os.scandir(folder) as entries:
                 for entry in entries:
@@ -322,11 +323,13 @@ def _failed(outcome: StepOutcome, message: str) -> None:
 
 def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_raw: bool,
               observer: ProcessingObserver, outcome: StepOutcome) -> None:
+    target = os.path.join(ctx.root_real, outcome.output)
+    fsutil.check_plain_dir(os.path.dirname(target))  # no link in place of step{N}/ or step{N}/rank is followed
+    fsutil.check_plain_dir(target)
     inputs = _read_inputs(ctx, source)
     outcome.warnings.extend(inputs.warnings)
     marker_path = _marker_path(ctx, source.step)
     marker = markers.read_processed(marker_path, ctx.root_real) if os.path.lexists(marker_path) else None
-    target = os.path.join(ctx.root_real, outcome.output)
     if marker is not None and os.path.isfile(os.path.join(target, naming.DUMP_JSON)) and \
             _covered_by(marker, source, inputs):
         outcome.status = "already-processed"

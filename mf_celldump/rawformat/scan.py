@@ -63,14 +63,25 @@ class StepFiles:
         return source_digest(self.names, extra)
 
 
-def find_rank_dirs(root_real: str, raw_root: str) -> List[Tuple[int, str]]:
-    """``(rank, folder)`` for every ``rank{R}`` folder holding a manifest, by rank."""
-    found = []
-    if not os.path.isdir(raw_root) or os.path.islink(raw_root):
+def find_rank_dirs(root_real: str, raw_root: str, problems: Optional[List[str]] = None) -> List[Tuple[int, str]]:
+    """``(rank, folder)`` for every ``rank{R}`` folder holding a manifest, by rank.
+
+    A symlink in place of ``_raw`` or of a rank folder is not followed; it is named in
+    ``problems``.
+    """
+    found: List[Tuple[int, str]] = []
+    problems = problems if problems is not None else []
+    if os.path.islink(raw_root):
+        problems.append(f"{raw_root} is a symbolic link where mf_celldump keeps its raw data; refused")
+        return found
+    if not os.path.isdir(raw_root):
         return found
     for entry in os.scandir(raw_root):
         rank = names.parse_rank_dir_name(entry.name)
-        if rank is None or not entry.is_dir(follow_symlinks=False):
+        if rank is None:
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            problems.append(f"{entry.path} is not a plain folder (a symlink?); refused")
             continue
         path = child(root_real, raw_root, entry.name)
         if os.path.lexists(os.path.join(path, names.MANIFEST_FILE)):  # a link is found, then refused by name
@@ -130,8 +141,11 @@ def _kbk_iterations(root_real: str, rank_dir: str, manifest: Manifest, steps: Di
             continue
         iteration = names.kbk_iteration_from_dir_name(os.path.basename(folder))
         csv_path = os.path.join(folder, names.KBK_STATISTIC_CSV)
-        if iteration is None or os.path.islink(csv_path):
-            problems.append(f"{csv_path}: not in a numbered iteration folder (or a symlink); skipped")
+        if os.path.islink(csv_path):
+            problems.append(f"{csv_path}: a symbolic link where MindSpore writes a file; refused, left in place")
+            continue
+        if iteration is None:
+            problems.append(f"{csv_path}: not in a numbered iteration folder; skipped")
             continue
         child(root_real, folder, names.KBK_STATISTIC_CSV)
         step = manifest.graph_step_base + iteration
