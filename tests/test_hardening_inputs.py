@@ -227,6 +227,7 @@ KBK_ROWS = {
     "nan for an int value": [{"Max Value": "nan"}],
     "5000-digit shape": [{"Shape": "(" + "9" * 5000 + ")"}],
     "100-dim shape": [{"Shape": "(" + ",".join(["1"] * 100) + ")"}],
+    # csv refuses fields over 128 KiB, unless a library imported earlier raised csv.field_size_limit
     "field over the csv limit": [{"Data Type": "x" * 200_000}],
     "NUL bytes": [{"Data Type": "float\x0032"}],  # read as an odd dtype name: no problem, no traceback
 }
@@ -251,7 +252,7 @@ def test_bad_statistic_csv_rows_are_problems(tmp_path, case):
         builder.kbk_csv(0, rows)
     report = process_dump(dump, jobs=1)
     problems = report.all_problems
-    assert (problems or case == "NUL bytes") and all(path in p for p in problems), problems
+    assert (problems or case in ("NUL bytes", "field over the csv limit")) and all(path in p for p in problems)
     assert all(len(p) < 600 for p in problems)
     assert [o.status for o in report.outcomes if o.step == 1] in (["processed"], [])
 

@@ -124,7 +124,10 @@ def _remove_orphan_markers(ctx: RankContext, live_steps: Set[int]) -> None:
         return
     for entry in os.scandir(folder):
         step = names.parse_processed_marker_name(entry.name)
-        if step is not None and step not in live_steps and entry.is_file(follow_symlinks=False):
+        if step is None or step in live_steps:
+            continue
+        info = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1):
             os.unlink(entry.path)
 
 
@@ -132,7 +135,8 @@ def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: b
                report: ProcessingReport) -> Tuple[List[StepSource], Set[int]]:
     """The steps of one rank to process now, and every raw step the rank has."""
     fsutil.check_plain_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
-    report.warnings.extend(raw_cleanup.clean_leftovers(ctx.rank_dir))
+    report.warnings.extend(raw_cleanup.clean_leftovers(ctx.rank_dir, lambda step: [
+        os.path.join(ctx.root_real, naming.step_dir_name(step), ctx.out_rank_name, naming.TENSOR_DIR)]))
     raw_cleanup.clean_processed_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
     sources, problems = find_steps(ctx.root_real, ctx.rank_dir, ctx.manifest, report.warnings)
     report.problems.extend(f"rank {ctx.rank}: {p}" for p in problems)

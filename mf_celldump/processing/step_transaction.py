@@ -209,24 +209,6 @@ def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: D
     yield naming.STACK_JSON, [msprobe_json.stack_json(entries)]
 
 
-def _our_links(*data_dirs: str) -> Dict[Tuple[int, int], int]:
-    """Inodes of the data files in an existing output of this step (a killed run linked them to raw files)."""
-    links: Dict[Tuple[int, int], int] = {}
-    for folder in data_dirs:
-        try:
-            fsutil.check_plain_dir(os.path.dirname(folder))
-            fsutil.check_plain_dir(folder)
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    if entry.is_file(follow_symlinks=False):
-                        info = entry.stat(follow_symlinks=False)
-                        key = (info.st_dev, info.st_ino)
-                        links[key] = links.get(key, 0) + 1
-        except (FileNotFoundError, fsutil.UnsafePathError):
-            continue
-    return links
-
-
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
               observer: ProcessingObserver, outcome: StepOutcome) -> None:
     """Steps 1-2: entries, files, JSON in a partial folder, swapped into place."""
@@ -243,7 +225,8 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         data_dir = None
         if ctx.manifest.task == "tensor":
             data_dir = fsutil.make_dir(os.path.join(partial, naming.TENSOR_DIR))
-        our_links = _our_links(os.path.join(target, naming.TENSOR_DIR), os.path.join(retired, naming.TENSOR_DIR))
+        our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
+                                             os.path.join(retired, naming.TENSOR_DIR))
         failed = _read_files(ctx, source, entries, data_dir, runner, observer, outcome, our_links)
         outcome.records = sum(1 for c in inputs.captures if c.file is None)
         space_codes = [code for code in failed.values() if code in space.SPACE_ERRNOS]
@@ -254,6 +237,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     except OSError as err:
         with contextlib.suppress(OSError):
             fsutil.remove_tree(partial)  # frees what a full disk needs; the raw data is untouched
+            fsutil.remove_empty_dir(step_out)
         if space.is_space_error(err):
             raise StepProblem(_space_text(ctx, source, target, entries, err, copying=bool(failed))) from None
         raise
@@ -333,7 +317,9 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
     if marker is not None and os.path.isfile(os.path.join(target, naming.DUMP_JSON)) and \
             _covered_by(marker, source, inputs):
         outcome.status = "already-processed"
-        if remove_raw:
+        if inputs.problems:  # something changed since (e.g. a link planted): keep everything
+            outcome.problems.extend(inputs.problems)
+        elif remove_raw:
             _remove_sources(ctx, source, inputs, marker_path, outcome)
         return
     outcome.problems.extend(inputs.problems)
@@ -343,12 +329,22 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
                        len(outcome.problems))
         return
     fsutil.make_dir(os.path.dirname(marker_path))
+    _check_replaceable(marker_path)
     raw_name = os.path.basename(source.raw_dir) if source.raw_dir else None
     markers.write_processed(marker_path, source.step, outcome.output, raw_name, inputs.digest, inputs.kbk_sizes)
     observer.on_stage(ctx.rank, source.step, "marker")
     if remove_raw:
         _remove_sources(ctx, source, inputs, marker_path, outcome)
         observer.on_stage(ctx.rank, source.step, "removed")
+
+
+def _check_replaceable(path: str) -> None:
+    """An existing file we are about to replace must be ours: a plain file with no other name."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    fsutil.check_own_file(info, path)
 
 
 def _remove_sources(ctx: RankContext, source: StepSource, inputs: _Inputs, marker_path: str,
@@ -359,11 +355,17 @@ def _remove_sources(ctx: RankContext, source: StepSource, inputs: _Inputs, marke
             outcome.warnings.append(f"{source.raw_dir}: files appeared while processing (step still being "
                                     "written?); raw data kept")
             return
-        outcome.foreign_kept = raw_cleanup.remove_raw_step(ctx.rank_dir, source.raw_dir)
-        if outcome.foreign_kept:
-            outcome.warnings.append(f"{source.raw_dir}: kept, with only the files mf_celldump did not write "
-                                    f"({', '.join(outcome.foreign_kept[:5])})")
-    raw_cleanup.remove_kbk_csvs(source.kbk_csvs, os.path.join(ctx.rank_dir, names.KBK_DIR))
+        links = raw_cleanup.output_links(os.path.join(ctx.root_real, outcome.output, naming.TENSOR_DIR))
+        removal = raw_cleanup.remove_raw_step(ctx.rank_dir, source.raw_dir, links)
+        outcome.foreign_kept = removal.foreign
+        note = removal.describe(source.raw_dir)
+        if removal.refused:
+            outcome.problems.append(note)
+            return
+        if note:
+            outcome.warnings.append(note)
+    for path in raw_cleanup.remove_kbk_csvs(source.kbk_csvs, os.path.join(ctx.rank_dir, names.KBK_DIR)):
+        outcome.problems.append(f"{path} also has a name outside its folder (hard link); refused to delete it")
     if os.path.lexists(marker_path):
         os.unlink(marker_path)
     outcome.raw_removed = True

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -184,6 +185,8 @@ def list_step_files(step_dir: str, root_real: str) -> StepFiles:
         for entry in entries:
             name = entry.name
             if name == names.STEP_DONE_FILE:
+                if _extra_links(entry):
+                    out.problems.append(_LINKED.format(entry.path))
                 continue
             out.names.append(name)
             if not is_ours(name):
@@ -193,6 +196,8 @@ def list_step_files(step_dir: str, root_real: str) -> StepFiles:
                 out.problems.append(f"{entry.path}: a symlink or non-file where mf_celldump expects its own "
                                     "file; refused")
             elif is_temp_name(name):
+                if _extra_links(entry):
+                    out.problems.append(_LINKED.format(entry.path))
                 out.temps.append(name)
             elif name == names.RECORDS_FILE:
                 records_path = entry.path
@@ -205,6 +210,14 @@ def list_step_files(step_dir: str, root_real: str) -> StepFiles:
     if records_path is not None:
         _read_step_records(records_path, root_real, out)
     return out
+
+
+_LINKED = "{} has another name (hard link); a file mf_celldump wrote has one: refused"
+
+
+def _extra_links(entry: os.DirEntry) -> bool:
+    info = entry.stat(follow_symlinks=False)
+    return stat.S_ISREG(info.st_mode) and info.st_nlink > 1
 
 
 def _foreign_warning(path: str, name: str) -> str:
