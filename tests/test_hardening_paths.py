@@ -159,6 +159,24 @@ def test_item5_foreign_files_in_a_killed_removal_go_back_to_their_folder(tmp_pat
     assert any("NOTES.txt" in w for w in report.warnings)
 
 
+def test_files_of_yours_in_an_output_folder_are_never_deleted_with_it(tmp_path):
+    """New raw data for a processed step would replace its output: not while that holds your files."""
+    dump = str(tmp_path / "dump")
+    builder = build_dump(dump, steps=1)
+    assert process_dump(dump, jobs=1).ok
+    notes = os.path.join(dump, "step0", "rank", "NOTES.txt")
+    open(notes, "w").close()
+    writer = builder.step(0)
+    writer.tensor(0, fmt.FORWARD, fmt.SLOT_ARG, (3,), np.ones(2, np.float32))
+    report = process_dump(dump, jobs=1)
+    assert [o.status for o in report.outcomes] == ["failed"]
+    assert "holds files mf_celldump did not write (NOTES.txt)" in report.all_problems[0]
+    assert os.path.isfile(notes) and os.listdir(os.path.join(dump, "step0")) == ["rank"]
+    assert raw_files(os.path.join(builder.rank_dir, "step0")), "raw data kept"
+    os.unlink(notes)
+    assert process_dump(dump, jobs=1).ok
+
+
 def test_item6_killed_runs_temporary_files_are_cleaned_and_only_those(tmp_path):
     """.tmp-* files of a killed run in _processed/ (mode 0600) go; a file of another name stays."""
     dump = str(tmp_path / "dump")

@@ -21,6 +21,7 @@ from mf_celldump.processing.errors import (
     NotACaptureDumpError,
     ProcessingError,
 )
+from mf_celldump.processing.existing_output import has_output, output_steps
 from mf_celldump.processing.observer import ProcessingObserver, ProgressObserver
 from mf_celldump.processing.report import ProcessingReport, ranges
 from mf_celldump.processing.step_transaction import RankContext, StepOutcome, process_step
@@ -47,25 +48,6 @@ def _selection(values: Union[IndexSelection, Iterable[int], None], what: str) ->
     return IndexSelection.of(values)
 
 
-def _is_output(folder: str) -> bool:
-    """A real output rank folder (no link followed) with its dump.json."""
-    try:
-        return stat.S_ISDIR(os.lstat(folder).st_mode) and \
-            stat.S_ISREG(os.lstat(os.path.join(folder, naming.DUMP_JSON)).st_mode)
-    except OSError:
-        return False
-
-
-def _has_output(root: str) -> bool:
-    for entry in os.scandir(root):
-        if naming.parse_step_dir_name(entry.name) is None or not entry.is_dir(follow_symlinks=False):
-            continue
-        for sub in os.scandir(entry.path):
-            if naming.parse_output_rank_dir_name(sub.name) is not None and _is_output(sub.path):
-                return True
-    return False
-
-
 def _open_dump(dump_path) -> str:
     path = os.path.abspath(os.path.expanduser(os.fspath(dump_path)))
     if not os.path.isdir(path):
@@ -74,7 +56,7 @@ def _open_dump(dump_path) -> str:
 
 
 def _no_raw_data(root: str, report: ProcessingReport) -> ProcessingReport:
-    if _has_output(root):
+    if has_output(root):
         report.warnings.append("no raw data left; the dump is already processed")
         return report
     if not os.listdir(root):
@@ -262,7 +244,7 @@ def process_dump(dump_path, steps: Union[IndexSelection, Iterable[int], None] = 
         runner.close()
         _release(locks)
     filtered = step_filter is not None or rank_filter is not None
-    if contexts and not raw_steps and not filtered and not report.problems and not _has_output(root):
+    if contexts and not raw_steps and not filtered and not report.problems and not has_output(root):
         raise EmptyDumpError(
             f"{root} holds capture manifests but no captured step (nothing was dumped for the selected "
             "steps/ranks); check the dump configuration's steps and ranks"
@@ -280,22 +262,10 @@ def _note_empty_selection(report: ProcessingReport, contexts, plans: List[Plan],
         return
     if step_filter is None or any(chosen for _, chosen in plans) or report.outcomes or report.problems:
         return
-    processed = _output_steps(report.dump_path, {ctx.out_rank_name for ctx, _ in plans})
+    processed = output_steps(report.dump_path, {ctx.out_rank_name for ctx, _ in plans})
     if any(step in step_filter for step in processed):
         return  # already processed: nothing to do, not an empty selection
     report.selection_matched_nothing = True
     report.selection_message = (f"nothing processed: no step of this dump matches the selection "
                                 f"{step_filter.describe()} (raw steps here: {ranges(sorted(raw_steps))}; "
                                 f"processed steps: {ranges(sorted(processed))})")
-
-
-def _output_steps(root: str, out_rank_names: Set[str]) -> Set[int]:
-    """Steps with a processed output folder of one of the given ranks."""
-    steps = set()
-    for entry in os.scandir(root):
-        step = naming.parse_step_dir_name(entry.name)
-        if step is None or not entry.is_dir(follow_symlinks=False):
-            continue
-        if any(_is_output(os.path.join(entry.path, name)) for name in out_rank_names):
-            steps.add(step)
-    return steps

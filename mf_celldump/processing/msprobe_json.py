@@ -8,7 +8,7 @@ with it) read them back.
 from __future__ import annotations
 
 import json
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import naming
 from mf_celldump.dtypes import mindspore_dtype_name
@@ -138,6 +138,29 @@ def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[s
         yield ("\n  " if first else ",\n  ") + json.dumps(name) + ": " + json.dumps(body)
         first = False
     yield "\n }\n}\n"
+
+
+def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
+                 failed: Dict[int, int]) -> Iterator[Tuple[str, Iterable[str]]]:
+    """(file name, text chunks) of the three files; lazy, so generating them again (to measure) is cheap.
+
+    ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; captures
+    in ``failed`` (by id) get no ``data_name``.
+    """
+
+    def bodies():
+        for entry in entries:
+            leaves = {}
+            for capture in entry.captures:
+                if capture.data_name is None:
+                    continue
+                has_file = data_dir is not None and capture.file is not None and id(capture) not in failed
+                leaves[id(capture)] = record_of(capture, capture.data_name if has_file else None)
+            yield entry.name, entry_body(entry, leaves)
+
+    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies())
+    yield naming.CONSTRUCT_JSON, [construct_json(entries)]
+    yield naming.STACK_JSON, [stack_json(entries)]
 
 
 def construct_json(entries: List[Entry]) -> str:

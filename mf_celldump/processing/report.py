@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from mf_celldump.processing.step_transaction import StepOutcome
+from mf_celldump.processing.outcome import StepOutcome
 
 
 @dataclass

@@ -17,14 +17,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import fsutil, naming
 from mf_celldump.processing import msprobe_json, raw_cleanup, space
 from mf_celldump.processing.entries import Entry, assign_calls, group_entries, link_parents
+from mf_celldump.processing.existing_output import foreign_in_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
 from mf_celldump.processing.observer import ProcessingObserver
+from mf_celldump.processing.outcome import StepOutcome
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.capture import Capture
@@ -45,36 +47,6 @@ class RankContext:
     rank_dir: str
     manifest: Manifest
     out_rank_name: str
-
-
-@dataclass
-class StepOutcome:
-    """What happened to one step of one rank (a row of the report)."""
-
-    rank: int
-    step: int
-    output: str
-    status: str  # processed | already-processed | skipped-incomplete | failed (no output written)
-    complete: bool = True
-    entries: int = 0  # msprobe entries: one per cell call and direction
-    files: int = 0  # raw files read: tensor_files + value_files
-    records: int = 0  # captures that came from records.jsonl or statistic.csv, not from a file
-    raw_removed: bool = False
-    problems: List[str] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-    tensor_files: int = 0  # raw tensor files read (statistics computed; with task tensor, linked as data files)
-    value_files: int = 0  # raw files holding a non-tensor argument (int, float, bool, None)
-    foreign_kept: List[str] = field(default_factory=list)  # files we did not write, left in the raw folder
-    output_written: bool = False  # this run put the output in place
-
-    def counts_text(self) -> str:
-        """What the numbers of this step are, in words (the per-step log line)."""
-        text = f"{self.entries} entries (cell calls), {self.files} raw files read"
-        if self.files:
-            text += f" ({self.tensor_files} tensors, {self.value_files} non-tensor values)"
-        if self.records:
-            text += f", {self.records} captures read from records.jsonl or statistic.csv"
-        return text
 
 
 @dataclass
@@ -189,26 +161,6 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
     return failed
 
 
-def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
-    """(file name, text chunks) of the three JSON files; generated lazily, so calling it again is cheap."""
-    tensor_task = ctx.manifest.task == "tensor"
-    final_data_dir = os.path.join(target, naming.TENSOR_DIR) if tensor_task else None
-
-    def bodies():
-        for entry in entries:
-            leaves = {}
-            for capture in entry.captures:
-                if capture.data_name is None:
-                    continue
-                has_file = tensor_task and capture.file is not None and id(capture) not in failed
-                leaves[id(capture)] = msprobe_json.record_of(capture, capture.data_name if has_file else None)
-            yield entry.name, msprobe_json.entry_body(entry, leaves)
-
-    yield naming.DUMP_JSON, msprobe_json.dump_json_lines(ctx.manifest.task, final_data_dir, bodies())
-    yield naming.CONSTRUCT_JSON, [msprobe_json.construct_json(entries)]
-    yield naming.STACK_JSON, [msprobe_json.stack_json(entries)]
-
-
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
               observer: ProcessingObserver, outcome: StepOutcome) -> None:
     """Steps 1-2: entries, files, JSON in a partial folder, swapped into place."""
@@ -233,8 +185,9 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
         _write_output(ctx, partial, target, entries, failed)
+        _check_no_foreign_output(target)
         fsutil.swap_into_place(partial, target, retired)
-    except OSError as err:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             fsutil.remove_tree(partial)  # frees what a full disk needs; the raw data is untouched
             fsutil.remove_empty_dir(step_out)
@@ -246,6 +199,15 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     observer.on_stage(ctx.rank, source.step, "output")
 
 
+def _check_no_foreign_output(target: str) -> None:
+    """An output about to be replaced must hold only what processing writes (else it would be deleted)."""
+    foreign = foreign_in_output(target)
+    if foreign:
+        raise StepProblem(f"{target} holds files mf_celldump did not write ({', '.join(foreign[:5])}); they would "
+                          "be deleted with the output this step replaces: move them away and run again (the raw "
+                          "data is kept)")
+
+
 def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List[Entry], err: OSError,
                 copying: bool) -> str:
     """The full-disk message, with the space this step's output needs (its JSON measured, copies added)."""
@@ -255,6 +217,11 @@ def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List
     if copying and source.raw_dir is not None:  # tensors were being copied (no hard links on this file system)
         copied = sum(os.lstat(os.path.join(source.raw_dir, name)).st_size for name in files)
     return space.space_problem(err, ctx.root_real, space.needed_bytes(texts, len(files), copied))
+
+
+def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
+    data_dir = os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
+    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed)
 
 
 def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry], failed: Dict[int, int]) -> None:
