@@ -57,12 +57,6 @@ class Console:
             os.close(fd)
         self._saved = []
 
-    def log_tail(self, lines: int = 15) -> str:
-        if not self.log_path:
-            return ""
-        with open(self.log_path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
-
 
 def step_progress_callback(console: Console, total_steps: int, dump_path: str):
     """A MindSpore callback printing one line (or advancing a tqdm bar) per training step.

@@ -250,7 +250,7 @@ def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[Base
     if failed is not None:
         console.say(f"training FAILED: {type(failed).__name__}: {failed}")
         if console.log_path:
-            console.say(f"last lines of {console.log_path}:\n{console.log_tail()}")
+            console.say(f"(its traceback, and MindFormers' own output, are in {console.log_path})")
     console.say(describe_dump(dump_path, rank))
     if failed is None and rank is None:
         console.say(f"compare two runs: msprobe compare -tp {dump_path}/step0 -gp <other run's dump>/step0 "

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 from mf_celldump import fsutil, naming
 from mf_celldump.processing import msprobe_json, raw_cleanup, space
 from mf_celldump.processing.entries import Entry, assign_calls, group_entries, link_parents
-from mf_celldump.processing.existing_output import foreign_in_output
+from mf_celldump.processing.existing_output import foreign_in_output, is_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
 from mf_celldump.processing.observer import ProcessingObserver
 from mf_celldump.processing.outcome import StepOutcome
@@ -281,8 +281,7 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
     outcome.warnings.extend(inputs.warnings)
     marker_path = _marker_path(ctx, source.step)
     marker = markers.read_processed(marker_path, ctx.root_real) if os.path.lexists(marker_path) else None
-    if marker is not None and os.path.isfile(os.path.join(target, naming.DUMP_JSON)) and \
-            _covered_by(marker, source, inputs):
+    if marker is not None and is_output(target) and _covered_by(marker, source, inputs):
         outcome.status = "already-processed"
         if inputs.problems:  # something changed since (e.g. a link planted): keep everything
             outcome.problems.extend(inputs.problems)
