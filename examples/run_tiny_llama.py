@@ -2,8 +2,11 @@
 
 It does what ``run_mindformer.py --config tiny_llama.yaml --register_path DIR`` does
 (``DIR`` = ``mf-celldump register-path``), plus what a CPU needs: synthetic MindRecord
-data and the CPU-only workarounds of ``cpu_workarounds.py``. At the end it prints where
-the processed dump is and what is in it.
+data and the CPU-only workarounds of ``cpu_workarounds.py``. MindFormers' and
+MindSpore's own output goes to ``<output-dir>/run_tiny_llama.log`` (``--verbose`` shows
+it instead); the terminal shows one line per training step, then where the processed
+dump is and what is in it. MindFormers' caches (``output/log``, the ``modules/`` of
+``auto_register``) go under ``<output-dir>`` too, not into the working directory.
 
     python examples/run_tiny_llama.py --mode pynative --output-dir /tmp/tiny
     python examples/run_tiny_llama.py --mode graph --dump steps=1 --dump task=tensor
@@ -47,6 +50,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--python-callback", action="store_true",
                         help="build CellDumpCallback in Python from the YAML entry and pass it as "
                              "Trainer(callbacks=[...]) instead of letting MindFormers build it")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show MindFormers' and MindSpore's own output here instead of in the log file")
     return parser.parse_args(argv)
 
 
@@ -172,8 +177,15 @@ def train(config, steps: int, callbacks=None) -> None:
     Trainer(config, callbacks=callbacks).train()
 
 
+def keep_caches_in(output_dir: str) -> None:
+    """MindFormers writes ``./output/log`` and the ``modules/`` cache of ``auto_register`` into the
+    working directory; point both at ``output_dir`` (before MindFormers is imported)."""
+    os.environ.setdefault("LOCAL_DEFAULT_PATH", output_dir)  # mindformers/tools/logger.py, tools/utils.py
+    os.environ.setdefault("OM_MODULES_CACHE", os.path.join(output_dir, "modules"))  # tools/hub/hub.py
+
+
 def describe_dump(dump_path: str, rank: Optional[int] = None) -> str:
-    """Where the processed dump is and what is in it (steps, ranks, entries, files)."""
+    """Where the processed dump is and what is in it: per output folder, entries and files."""
     lines = [f"dump: {dump_path}"]
     pattern = os.path.join(dump_path, "step*", "rank*" if rank is None else f"rank{rank}")
     folders = sorted(glob.glob(pattern)) + ([] if rank is None else
@@ -181,20 +193,40 @@ def describe_dump(dump_path: str, rank: Optional[int] = None) -> str:
     if not folders:
         lines.append("  no processed step folders")
     for folder in sorted(folders, key=_step_rank_key):
-        dump_json = os.path.join(folder, "dump.json")
-        try:
-            with open(dump_json, encoding="utf-8") as handle:
-                entries = len(json.load(handle).get("data", {}))
-        except (OSError, ValueError):
-            entries = 0
-        tensors = os.path.join(folder, "dump_tensor_data")
-        files = len(os.listdir(tensors)) if os.path.isdir(tensors) else 0
-        lines.append(f"  {os.path.relpath(folder, dump_path)}: {entries} entries, {files} tensor files")
+        entries, tensors, values = _folder_counts(folder)
+        tensor_dir = os.path.join(folder, "dump_tensor_data")
+        files = len(os.listdir(tensor_dir)) if os.path.isdir(tensor_dir) else 0
+        where = f"{files} tensor files in dump_tensor_data/" if os.path.isdir(tensor_dir) else "statistics only"
+        lines.append(f"  {os.path.relpath(folder, dump_path)}: {entries} entries (cell calls, forward and "
+                     f"backward), {tensors} tensors ({where}), {values} non-tensor values")
     raw = os.path.join(dump_path, "_raw")
     leftovers = sorted(os.path.relpath(p, dump_path) for p in glob.glob(os.path.join(raw, "rank*", "step*")))
     if leftovers:
-        lines.append(f"  unprocessed raw steps: {', '.join(leftovers)}")
+        lines.append(f"  unprocessed raw steps: {', '.join(leftovers)} (`mf-celldump process {dump_path}`)")
     return "\n".join(lines)
+
+
+def _folder_counts(folder: str):
+    """(entries, tensor leaves, non-tensor leaves) of one output folder's dump.json."""
+    try:
+        with open(os.path.join(folder, "dump.json"), encoding="utf-8") as handle:
+            data = json.load(handle).get("data", {})
+    except (OSError, ValueError):
+        return 0, 0, 0
+    counts = {"tensor": 0, "value": 0}
+
+    def walk(node) -> None:
+        if isinstance(node, dict) and "type" in node:
+            counts["tensor" if node["type"] == "mindspore.Tensor" else "value"] += 1
+        elif isinstance(node, dict):
+            for item in node.values():
+                walk(item)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(list(data.values()))
+    return len(data), counts["tensor"], counts["value"]
 
 
 def _step_rank_key(folder: str):
@@ -202,19 +234,64 @@ def _step_rank_key(folder: str):
     return (int(step) if step.isdigit() else -1, folder)
 
 
+def _announce(console, config, args, dump_path: str) -> None:
+    import mindformers
+
+    entry = _celldump_entry(config)
+    console.say(f"Training a tiny LLaMA with MindFormers {mindformers.__version__} on CPU ({args.mode} mode), "
+                f"{args.steps} steps per epoch; CellDumpCallback: task={entry.get('task', 'statistics')}, "
+                f"steps={entry.get('steps', 'all')}")
+    if console.log_path:
+        console.say(f"MindFormers' and MindSpore's own output: {console.log_path}")
+    console.say(f"dump folder: {dump_path}")
+
+
+def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[BaseException]) -> None:
+    if failed is not None:
+        console.say(f"training FAILED: {type(failed).__name__}: {failed}")
+        if console.log_path:
+            console.say(f"(its traceback, and MindFormers' own output, are in {console.log_path})")
+    console.say(describe_dump(dump_path, rank))
+    if failed is None and rank is None:
+        console.say(f"compare two runs: msprobe compare -tp {dump_path}/step0 -gp <other run's dump>/step0 "
+                    "-o compare_out")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    use_register_path()
-    config = load_config(args)
-    dump_path = dump_path_of(config)
-    callbacks = python_callbacks(config) if args.python_callback else None
+    output_dir = os.path.abspath(args.output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    keep_caches_in(output_dir)
+    under_msrun = "MS_ROLE" in os.environ  # msrun keeps each worker's output in its own log already
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from console import Console, step_progress_callback
+
+    console = Console.plain() if args.verbose or under_msrun else \
+        Console.to_log(os.path.join(output_dir, "run_tiny_llama.log"))
+    failed: Optional[BaseException] = None
+    dump_path: Optional[str] = None
     try:
+        use_register_path()
+        config = load_config(args)
+        dump_path = dump_path_of(config)
+        _announce(console, config, args, dump_path)
+        callbacks = python_callbacks(config) if args.python_callback else []
+        total = args.steps * int(config.runner_config.epochs or 1)
+        callbacks.append(step_progress_callback(console, total, dump_path))
         train(config, args.steps, callbacks)
+    except Exception as err:  # reported below; --verbose shows the traceback
+        failed = err
+        if args.verbose or under_msrun:
+            raise
+        import traceback
+
+        traceback.print_exc()  # into the log file
     finally:
-        if os.environ.get("MS_ROLE") != "MS_SCHED":  # msrun's scheduler runs this file up to init()
-            rank = _world()[0] if args.parallel else None
-            print(describe_dump(dump_path, rank), flush=True)
-    return 0
+        console.restore()
+        if os.environ.get("MS_ROLE") != "MS_SCHED" and dump_path is not None:
+            _closing(console, dump_path, _world()[0] if args.parallel else None, failed)
+    return 1 if failed is not None else 0
 
 
 if __name__ == "__main__":

@@ -32,14 +32,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_INTERRUPTED = 130
+EXIT_INTERNAL = 3
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run one sub-command; whatever happens, the user gets a message and an exit status, not a traceback.
+
+    Sub-commands report bad input themselves (exit 1 or 2). What still escapes is a file
+    system failure (a message naming the path) or a bug in mf_celldump (exit 3; ``-v``
+    shows the traceback to report).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted; re-running the same command finishes the work safely", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a bug: say so briefly, the traceback with -v
+        logging.getLogger(__name__).debug("internal error", exc_info=True)
+        print(f"internal error in mf-celldump ({type(err).__name__}: {str(err)[:300]}); run with -v for the "
+              "traceback and report it", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -137,13 +137,15 @@ def _parse_index_item(item: Any, key: str) -> Tuple[int, int]:
 # depth (a YAML alias bomb expands to billions of items when fully repr'd).
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = _SHORT.maxother = 60
-_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
-_SHORT.maxlevel = 3
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = _SHORT.maxfrozenset = 4
+_SHORT.maxlevel = 2
+SHORT_REPR_MAX = 120
 
 
 def short_repr(value: Any) -> str:
-    """``repr(value)`` cut to a few dozen characters, in time independent of the value's size."""
-    return _SHORT.repr(value)
+    """``repr(value)`` cut to at most ``SHORT_REPR_MAX`` characters, in time independent of the value's size."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= SHORT_REPR_MAX else text[: SHORT_REPR_MAX - 3] + "..."
 
 
 def _bad(key: str, value: Any, valid: str) -> str:

@@ -11,17 +11,19 @@ processing both use this module.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional, Union
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ DIR_MODE = 0o750
 FILE_MODE = 0o640
 
 _AT_FDCWD = -100
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _RENAME_EXCHANGE = 2
 # errno values after which a hard link is replaced by a copy
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
@@ -52,6 +55,16 @@ def ensure_dir(path: str) -> str:
     return path
 
 
+# Our temporary files: tempfile.mkstemp(prefix=TEMP_PREFIX) adds 8 characters of this set.
+TEMP_PREFIX = ".tmp-"
+_TEMP_RE = re.compile(r"^\.tmp-[a-z0-9_]{8}$")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is one of our ``atomic_write_bytes`` temporary files (a killed run leaves them)."""
+    return _TEMP_RE.match(name) is not None
+
+
 def atomic_write_bytes(path: str, data: bytes, fsync: bool = True) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it into place.
 
@@ -59,7 +72,7 @@ def atomic_write_bytes(path: str, data: bytes, fsync: bool = True) -> None:
     half-written by a reader, but a power loss may lose it.
     """
     folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -128,6 +141,29 @@ def make_dir(path: str) -> str:
     return path
 
 
+def check_plain_dir(path: str) -> str:
+    """Refuse ``path`` unless it is a real folder (not a symlink to one); a missing one is fine."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafePathError(f"{path} exists and is not a plain folder (a symlink?); refused (move it away and "
+                              "run again)")
+    return path
+
+
+def remove_empty_dir(path: str) -> bool:
+    """Delete ``path`` if it is an empty real folder; True when it is gone."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
 def write_new_text(path: str, chunks: Iterable[str]) -> None:
     """Stream text chunks into a new file (memory stays at one chunk, not the whole file)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
@@ -136,21 +172,41 @@ def write_new_text(path: str, chunks: Iterable[str]) -> None:
             handle.write(chunk)
 
 
-def link_or_copy(src: str, dst: str) -> bool:
-    """Hard-link ``src`` as ``dst`` (the raw file stays intact), copying when linking is impossible.
+def link_or_copy(handle, src: str, dst: str) -> bool:
+    """Put the raw file open as ``handle`` (checked by ``open_own_file``) at ``dst``: a hard link, else a copy.
 
-    Returns True when linked. The result has mode 0o640 (for a link this is the shared inode).
+    The raw file stays intact. Returns True when linked. The result has mode 0o640: for a
+    link the shared inode is changed through ``handle``, which ``open_own_file`` has checked
+    to be our own file (one link, inside the dump), so no file outside the dump can change.
+    A link that turns out not to reach the inode we checked is undone and refused.
     """
+    info = os.fstat(handle.fileno())
+    if stat.S_IMODE(info.st_mode) != FILE_MODE:
+        os.fchmod(handle.fileno(), FILE_MODE)
     try:
         os.link(src, dst, follow_symlinks=False)
-        linked = True
     except OSError as err:
         if err.errno not in _NO_LINK_ERRNOS:
             raise
-        shutil.copyfile(src, dst, follow_symlinks=False)
-        linked = False
-    os.chmod(dst, FILE_MODE)
-    return linked
+        _copy_from(handle, dst)
+        return False
+    linked = os.lstat(dst)
+    if (linked.st_dev, linked.st_ino) != (info.st_dev, info.st_ino):
+        os.unlink(dst)
+        raise UnsafePathError(f"{src} changed while it was being read; refused (run again)")
+    return True
+
+
+def _copy_from(handle, dst: str) -> None:
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, FILE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            handle.seek(0)
+            shutil.copyfileobj(handle, out, 1 << 20)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(dst)
+        raise
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -208,25 +264,62 @@ def retire_and_remove(path: str, removing: str) -> None:
     remove_tree(removing)
 
 
-MAX_JSON_BYTES = 256 << 20  # manifests and markers are far smaller; refuse to load more
+MAX_JSON_BYTES = 64 << 20  # a manifest of 100k cells is ~30 MB; markers are far smaller
+
+
+def open_own_file(path: str, root_real: Optional[str], extra_links: Union[int, Mapping] = 0):
+    """Open our own file at ``path`` for binary reading (unbuffered): a plain file inside the dump.
+
+    Refused with an :class:`UnsafePathError` naming it: a symlink (``O_NOFOLLOW``), a file
+    whose folder resolves outside ``root_real`` (None: the caller checked the folder), a
+    FIFO/device/folder, or a file with more hard links than ours have: one, plus
+    ``extra_links`` we made ourselves (a number, or a mapping (st_dev, st_ino) -> number).
+    Another name of the same data may live outside the dump.
+    """
+    if root_real is not None:
+        check_inside(root_real, os.path.dirname(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symbolic link where mf_celldump expects its own file; refused "
+                                  "(replace the link by the file itself)") from None
+        raise
+    handle = os.fdopen(fd, "rb", buffering=0)
+    try:
+        info = os.fstat(fd)
+        if not isinstance(extra_links, int):
+            extra_links = extra_links.get((info.st_dev, info.st_ino), 0)
+        check_own_file(info, path, extra_links)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def check_own_file(info: os.stat_result, path: str, extra_links: int = 0) -> None:
+    """Refuse anything but a plain file with the links we expect (see ``open_own_file``)."""
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafePathError(f"{path} is not a plain file; refused")
+    if info.st_nlink > 1 + extra_links:
+        raise UnsafePathError(
+            f"{path} has {info.st_nlink} hard links; a file mf_celldump wrote has one, so another name of "
+            "this data may be outside the dump: refused (replace it by a copy if it is yours)")
 
 
 def read_bytes_inside(path: str, root_real: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
-    """Content of our own file at ``path``: a plain file inside ``root_real``, never through a link.
+    """Content of our own file at ``path`` (see ``open_own_file``), at most ``max_bytes``.
 
-    A symlink (``O_NOFOLLOW``), a folder or device, a file whose folder resolves outside
-    the dump, or a file larger than ``max_bytes`` is refused with an OSError/ValueError
-    that names it.
+    A larger file is refused with a ValueError that names it; nothing is read beyond the limit.
     """
-    check_inside(root_real, os.path.dirname(path))
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path}: not a plain file")
-        if info.st_size > max_bytes:
-            raise ValueError(f"{path}: {info.st_size} bytes, more than the {max_bytes} expected of this file")
-        return handle.read(max_bytes + 1)[:max_bytes]
+    with open_own_file(path, root_real) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > max_bytes:
+            raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} expected of this file")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: grew beyond {max_bytes} bytes while being read")
+    return data
 
 
 def read_json_inside(path: str, root_real: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
@@ -250,23 +343,65 @@ def writable_dir_problem(path: str, create: bool) -> Optional[str]:
 
 @dataclass
 class FolderLock:
-    """An exclusive ``flock`` on a file, so two processes never process the same rank together."""
+    """An exclusive ``flock`` on a lock file, so two processes never process the same rank together.
+
+    The lock file is ours: it is opened with ``O_NOFOLLOW`` (a symlink in its place is
+    refused, so nothing is created outside the dump) and must be a plain file with one
+    link. ``release`` deletes it while still holding the lock, so a finished run leaves no
+    lock file; an opener that raced with the deletion notices the file it locked is no
+    longer the one at ``path`` and tries again.
+    """
 
     path: str
-    _fd: Optional[int] = field(default=None, repr=False)
+    _handle: Optional[int] = field(default=None, repr=False)
 
     def acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
+        """True when locked; False when another process holds it. Unsafe lock files raise UnsafePathError."""
+        for _ in range(10):
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return False
+            if self._still_at_path(fd):
+                self._handle = fd
+                return True
+            os.close(fd)  # deleted by its previous holder meanwhile: lock the new one
+        raise OSError(errno.EAGAIN, f"{self.path} keeps being replaced; run again")
 
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, FILE_MODE)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise UnsafePathError(f"{self.path} is a symbolic link where mf_celldump keeps its lock file; "
+                                      "refused (delete the link and run again)") from None
+            raise
+        try:
+            check_own_file(os.fstat(fd), self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _still_at_path(self, fd: int) -> bool:
+        try:
+            now = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+    def release(self, remove: bool = True) -> None:
+        """Unlock; with ``remove`` the lock file is deleted first (only if it is still the one we hold)."""
+        if self._handle is None:
+            return
+        fd, self._handle = self._handle, None
+        try:
+            if remove and self._still_at_path(fd):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

@@ -99,7 +99,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--fail-at-step", type=int, default=None)
     parser.add_argument("runner_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    runner_args = [a for a in args.runner_args if a != "--"]
+    # --verbose: the tests read MindFormers' and mf_celldump's log lines from the run's output
+    runner_args = ["--verbose"] + [a for a in args.runner_args if a != "--"]
     sys.path.insert(0, EXAMPLES)
     import run_tiny_llama
 

@@ -1,8 +1,9 @@
 """Run the real msprobe (mindstudio-probe 26.2) command line on our output.
 
-msprobe is started in a child process that imports mindspore before msprobe: in one
-process the other order fails with protobuf's "Descriptors cannot be created directly",
-and so does the plain ``msprobe`` script with this protobuf.
+msprobe is started in a child process that imports mindspore before msprobe, with the
+pure-Python protobuf runtime: with protobuf >= 4 anything else fails with "Descriptors
+cannot be created directly" (README.md, "Output layout"); with the pinned 3.20.3 the
+plain ``msprobe`` script works too (tests/test_hardening_newcomer.py runs it).
 """
 
 import csv
@@ -21,9 +22,18 @@ _MAIN = (
 )
 
 
+def msprobe_env() -> dict:
+    """The environment for msprobe: with protobuf >= 4 (not the pinned 3.20.3) its C++ runtime makes
+    msprobe abort on MindSpore's generated modules; the pure-Python runtime works with either."""
+    env = dict(os.environ)
+    env["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+    return env
+
+
 def run_msprobe(*args, timeout=600):
     proc = subprocess.run(
-        [sys.executable, "-c", _MAIN, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+        [sys.executable, "-c", _MAIN, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        env=msprobe_env(),
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return proc

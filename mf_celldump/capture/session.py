@@ -21,6 +21,7 @@ from mf_celldump import __version__
 from mf_celldump.capture.backends import BackendContext, CaptureBackend, choose_backend, create_backend
 from mf_celldump.capture.construct_patch import InstalledConstruct, install
 from mf_celldump.capture.graph_wrapper import graph_construct
+from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
@@ -85,8 +86,11 @@ def _layer_modes(config: DumpConfig, cells: Sequence[SelectedCell], model) -> Di
     layer_mapping = mapping.resolve_mapping(tuple(config.layer_mapping), {cls for _, cls in named})
     mapping.log_mapping_warnings(mapping.check_mapping(layer_mapping, named), logger)
     captured = {selected.name for selected in cells}
-    return {name: modes for name, modes in mapping.modes_for_network(layer_mapping, named).items()
-            if name in captured}
+    result = {name: modes for name, modes in mapping.modes_for_network(layer_mapping, named).items()
+              if name in captured}
+    for text in surplus_mode_warnings(result, ((s.name, s.cell) for s in cells)):
+        logger.warning("layer mapping: %s", text)
+    return result
 
 
 class CellDump:

@@ -29,8 +29,20 @@ def add_cli(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--yaml", action="store_true",
-                        help="print a ready-to-paste YAML callback entry instead of the directory")
+                        help="print the entry to add to the `callbacks:` list of your run config")
     parser.set_defaults(func=_run)
+
+
+def callback_entry(path: str) -> str:
+    """The one entry to add to an existing ``callbacks:`` list (its other entries stay as they are)."""
+    return "\n".join([
+        "# Add this entry to the `callbacks:` list of your run config, next to the callbacks already there",
+        "# (e.g. MFLossMonitor); do not replace the list. Then run with:  --register_path " + path,
+        f"  - type: {CALLBACK_CLASS}",
+        f"    auto_register: {REGISTRATION_MODULE}.{CALLBACK_CLASS}",
+        "    task: statistics            # or tensor",
+        "    steps: \"0-2\"               # global steps, 0-based",
+    ])
 
 
 def _run(args) -> int:
@@ -38,12 +50,5 @@ def _run(args) -> int:
     if not os.path.isfile(os.path.join(path, REGISTRATION_MODULE + ".py")):
         print(f"error: registration file missing under {path}; reinstall mf_celldump", file=sys.stderr)
         return 1
-    if args.yaml:
-        print("callbacks:")
-        print(f"  - type: {CALLBACK_CLASS}")
-        print(f"    auto_register: {REGISTRATION_MODULE}.{CALLBACK_CLASS}")
-        print("    steps: \"0-2\"")
-        print(f"# run with: --register_path {path}")
-    else:
-        print(path)
+    print(callback_entry(path) if args.yaml else path)
     return 0

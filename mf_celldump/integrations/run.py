@@ -29,7 +29,7 @@ class RunSummary:
     processed_steps: List[int] = field(default_factory=list)
     outputs: List[str] = field(default_factory=list)  # step folders, relative to dump_path
     entries: int = 0  # cell calls (msprobe entries) in the processed output
-    files: int = 0  # raw tensor files read by processing
+    files: int = 0  # raw files read by processing (tensors and non-tensor values)
     empty_steps: List[int] = field(default_factory=list)
     unfinished_step: Optional[int] = None
     problems: List[str] = field(default_factory=list)
@@ -54,7 +54,7 @@ class RunSummary:
         steps = ",".join(str(s) for s in sorted(self.processed_steps)) or "none"
         captured = ",".join(str(s) for s in self.captured_steps) or "none"
         lines = [f"mf_celldump: rank {self.rank}: captured steps {captured}; processed {steps} "
-                 f"({self.entries} cell-call entries, {self.files} tensor files) under {self.dump_path}"]
+                 f"({self.entries} cell-call entries, {self.files} raw files read) under {self.dump_path}"]
         if self.outputs:
             lines.append("  output: " + ", ".join(sorted(self.outputs)))
         if self.empty_steps:

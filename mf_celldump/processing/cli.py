@@ -1,7 +1,8 @@
 """``mf-celldump process DUMP_PATH``: offline processing, e.g. of a run that crashed.
 
 Exit status: 0 all processed (or nothing to do), 1 processed with problems (their raw
-data is kept), 2 bad input (missing path, not a capture dump, bad --steps/--ranks).
+data is kept), 2 bad input (missing path, not a capture dump, bad --steps/--ranks, or
+--steps/--ranks that match no step or rank of the dump).
 """
 
 from __future__ import annotations
@@ -72,4 +73,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(report.summary())
+    if report.selection_matched_nothing:
+        return EXIT_BAD_INPUT
     return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from typing import Iterable, List, Optional, Set, Tuple, Union
 
 from mf_celldump import fsutil, naming
 from mf_celldump.config import IndexSelection, resolve_jobs, short_repr
+from mf_celldump.processing import raw_cleanup, space
 from mf_celldump.processing.errors import (
     DumpNotFoundError,
     EmptyDumpError,
@@ -19,8 +21,9 @@ from mf_celldump.processing.errors import (
     NotACaptureDumpError,
     ProcessingError,
 )
+from mf_celldump.processing.existing_output import has_output, output_steps
 from mf_celldump.processing.observer import ProcessingObserver, ProgressObserver
-from mf_celldump.processing.report import ProcessingReport
+from mf_celldump.processing.report import ProcessingReport, ranges
 from mf_celldump.processing.step_transaction import RankContext, StepOutcome, process_step
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import manifest as raw_manifest
@@ -45,18 +48,6 @@ def _selection(values: Union[IndexSelection, Iterable[int], None], what: str) ->
     return IndexSelection.of(values)
 
 
-def _has_output(root: str) -> bool:
-    for entry in os.scandir(root):
-        if naming.parse_step_dir_name(entry.name) is None or not entry.is_dir(follow_symlinks=False):
-            continue
-        for sub in os.scandir(entry.path):
-            if naming.parse_output_rank_dir_name(sub.name) is not None and os.path.isfile(
-                os.path.join(sub.path, naming.DUMP_JSON)
-            ):
-                return True
-    return False
-
-
 def _open_dump(dump_path) -> str:
     path = os.path.abspath(os.path.expanduser(os.fspath(dump_path)))
     if not os.path.isdir(path):
@@ -65,7 +56,7 @@ def _open_dump(dump_path) -> str:
 
 
 def _no_raw_data(root: str, report: ProcessingReport) -> ProcessingReport:
-    if _has_output(root):
+    if has_output(root):
         report.warnings.append("no raw data left; the dump is already processed")
         return report
     if not os.listdir(root):
@@ -76,8 +67,14 @@ def _no_raw_data(root: str, report: ProcessingReport) -> ProcessingReport:
     )
 
 
-def _rank_contexts(root: str, rank_dirs, rank_filter: Optional[IndexSelection]) -> List[RankContext]:
-    contexts = []
+def _rank_contexts(root: str, rank_dirs, rank_filter: Optional[IndexSelection],
+                   report: ProcessingReport) -> List[RankContext]:
+    """A context per selected rank whose manifest reads; a bad manifest is a problem of its rank only.
+
+    When every selected rank's manifest is unusable the dump cannot be processed at all
+    (ManifestError).
+    """
+    contexts, failures = [], []
     single_card: Optional[int] = None
     for rank, rank_dir in rank_dirs:
         if rank_filter is not None and rank not in rank_filter:
@@ -85,16 +82,21 @@ def _rank_contexts(root: str, rank_dirs, rank_filter: Optional[IndexSelection]) 
         try:
             manifest = raw_manifest.load_manifest(os.path.join(rank_dir, names.MANIFEST_FILE), root)
         except raw_manifest.ManifestError as err:
-            raise ManifestError(str(err)) from None
+            failures.append(f"rank {rank}: {err}; rank not processed")
+            continue
         if not manifest.distributed:
             if single_card is not None:
-                raise ProcessingError(
-                    f"ranks {single_card} and {rank} are both marked single-card (distributed: false) "
-                    "and would share the output folder 'rank'; process them from separate dump folders"
-                )
+                failures.append(
+                    f"rank {rank}: ranks {single_card} and {rank} are both marked single-card (distributed: false) "
+                    "and would share the output folder 'rank'; rank not processed (process it from a separate "
+                    "dump folder)")
+                continue
             single_card = rank
         out_rank = naming.output_rank_dir_name(rank, manifest.distributed)
         contexts.append(RankContext(root, rank, rank_dir, manifest, out_rank))
+    if failures and not contexts:
+        raise ManifestError("; ".join(failures))
+    report.problems.extend(failures)
     return contexts
 
 
@@ -104,24 +106,21 @@ def _remove_orphan_markers(ctx: RankContext, live_steps: Set[int]) -> None:
         return
     for entry in os.scandir(folder):
         step = names.parse_processed_marker_name(entry.name)
-        if step is not None and step not in live_steps and entry.is_file(follow_symlinks=False):
+        if step is None or step in live_steps:
+            continue
+        info = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1):
             os.unlink(entry.path)
 
 
-def _clean_leftovers(rank_dir: str) -> None:
-    """Finish deletions a killed run left behind (folders already renamed to ``.*.removing``)."""
-    for folder, dirs, _ in os.walk(rank_dir, followlinks=False):
-        for name in list(dirs):
-            if names.is_removing_dir_name(name):
-                fsutil.remove_tree(os.path.join(folder, name))
-                dirs.remove(name)
-
-
 def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: bool,
-               report: ProcessingReport) -> Tuple[List[StepSource], bool]:
-    """The steps of one rank to process now; second value: whether the rank has any raw step."""
-    _clean_leftovers(ctx.rank_dir)
-    sources, problems = find_steps(ctx.root_real, ctx.rank_dir, ctx.manifest)
+               report: ProcessingReport) -> Tuple[List[StepSource], Set[int]]:
+    """The steps of one rank to process now, and every raw step the rank has."""
+    fsutil.check_plain_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
+    report.warnings.extend(raw_cleanup.clean_leftovers(ctx.rank_dir, lambda step: [
+        os.path.join(ctx.root_real, naming.step_dir_name(step), ctx.out_rank_name, naming.TENSOR_DIR)]))
+    raw_cleanup.clean_processed_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
+    sources, problems = find_steps(ctx.root_real, ctx.rank_dir, ctx.manifest, report.warnings)
     report.problems.extend(f"rank {ctx.rank}: {p}" for p in problems)
     if remove_raw:
         _remove_orphan_markers(ctx, set(sources))
@@ -135,14 +134,17 @@ def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: b
             report.outcomes.append(StepOutcome(ctx.rank, step, out, "skipped-incomplete", complete=False))
             continue
         chosen.append(source)
-    return chosen, bool(sources)
+    return chosen, set(sources)
 
 
 def _count_files(source: StepSource) -> int:
     count = len(source.kbk_csvs)
     if source.raw_dir is not None:
-        with os.scandir(source.raw_dir) as entries:
-            count += sum(1 for e in entries if e.name.endswith(".npy"))
+        try:
+            with os.scandir(source.raw_dir) as entries:
+                count += sum(1 for e in entries if e.name.endswith(".npy"))
+        except OSError:  # unreadable: the step reports it
+            pass
     return count
 
 
@@ -153,8 +155,58 @@ def _run_plans(plans: List[Plan], runner: FileRunner, remove_raw: bool, observer
         for source in chosen:
             outcome = process_step(ctx, source, runner, remove_raw, observer)
             report.outcomes.append(outcome)
-            logger.info("step %d rank %d: %s (%d entries, %d raw tensor files)", outcome.step, outcome.rank,
-                        outcome.status, outcome.entries, outcome.files)
+            logger.info("step %d rank %d: %s: %s", outcome.step, outcome.rank, outcome.status,
+                        outcome.counts_text())
+
+
+def _lock_rank(ctx: RankContext, report: ProcessingReport) -> Optional[fsutil.FolderLock]:
+    """The rank's processing lock, or None (with a problem saying why) when it cannot be had."""
+    lock = fsutil.FolderLock(os.path.join(ctx.rank_dir, names.PROCESSING_LOCK))
+    try:
+        if lock.acquire():
+            return lock
+        report.problems.append(f"rank {ctx.rank}: another process is processing {ctx.rank_dir}; "
+                               "run again when it has finished")
+    except fsutil.UnsafePathError as err:
+        report.problems.append(f"rank {ctx.rank}: {err}; rank not processed")
+    except OSError as err:
+        report.problems.append(f"rank {ctx.rank}: " + space.os_problem(err, "cannot create the processing lock"))
+    return None
+
+
+def _plan(contexts: List[RankContext], locks: List[fsutil.FolderLock], step_filter, only_complete: bool,
+          remove_raw: bool, report: ProcessingReport) -> Tuple[List[Plan], Set[int]]:
+    """Lock and plan every rank; a rank that cannot be locked or read is a problem, the others go on.
+
+    Returns the plans and the raw steps found in the planned ranks.
+    """
+    plans: List[Plan] = []
+    raw_steps: Set[int] = set()
+    for ctx in contexts:
+        lock = _lock_rank(ctx, report)
+        if lock is None:
+            continue
+        locks.append(lock)
+        try:
+            chosen, found = _plan_rank(ctx, step_filter, only_complete, remove_raw, report)
+        except fsutil.UnsafePathError as err:
+            report.problems.append(f"rank {ctx.rank}: {err}; rank not processed")
+            continue
+        except OSError as err:
+            report.problems.append(f"rank {ctx.rank}: " + space.os_problem(err, f"cannot read {ctx.rank_dir}"))
+            continue
+        raw_steps |= found
+        plans.append((ctx, chosen))
+    return plans, raw_steps
+
+
+def _release(locks: List[fsutil.FolderLock]) -> None:
+    """Unlock every rank; no lock file and no empty ``_processed/`` stay behind."""
+    for lock in locks:
+        folder = os.path.join(os.path.dirname(lock.path), names.PROCESSED_DIR)
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            fsutil.remove_empty_dir(folder)
+        lock.release(remove=True)
 
 
 def process_dump(dump_path, steps: Union[IndexSelection, Iterable[int], None] = None,
@@ -173,33 +225,26 @@ def process_dump(dump_path, steps: Union[IndexSelection, Iterable[int], None] = 
     runner = FileRunner(resolve_jobs(jobs))
     observer = observer or ProgressObserver()
     report = ProcessingReport(root)
-    rank_dirs = find_rank_dirs(root, os.path.join(root, names.RAW_ROOT))
-    if not rank_dirs:
-        return _no_raw_data(root, report)
-    contexts = _rank_contexts(root, rank_dirs, rank_filter)
-    locks: List[fsutil.FolderLock] = []
-    any_source = False
     try:
-        plans: List[Plan] = []
-        for ctx in contexts:
-            lock = fsutil.FolderLock(os.path.join(ctx.rank_dir, names.PROCESSING_LOCK))
-            if not lock.acquire():
-                report.problems.append(f"rank {ctx.rank}: another process is processing {ctx.rank_dir}; "
-                                       "run again when it has finished")
-                continue
-            locks.append(lock)
-            chosen, has_source = _plan_rank(ctx, step_filter, only_complete, remove_raw, report)
-            any_source = any_source or has_source
-            plans.append((ctx, chosen))
-        _note_empty_selection(report, contexts, plans, step_filter, rank_filter)
+        rank_dirs = find_rank_dirs(root, os.path.join(root, names.RAW_ROOT), report.problems)
+    except OSError as err:
+        raise ProcessingError(space.os_problem(err, "cannot read the raw data folder")) from None
+    if not rank_dirs:
+        if report.problems:
+            raise ProcessingError("; ".join(report.problems))
+        return _no_raw_data(root, report)
+    contexts = _rank_contexts(root, rank_dirs, rank_filter, report)
+    locks: List[fsutil.FolderLock] = []
+    try:
+        plans, raw_steps = _plan(contexts, locks, step_filter, only_complete, remove_raw, report)
+        _note_empty_selection(report, contexts, plans, raw_steps, step_filter, rank_filter)
         _run_plans(plans, runner, remove_raw, observer, report)
     finally:
         observer.on_finish()
         runner.close()
-        for lock in locks:
-            lock.release()
+        _release(locks)
     filtered = step_filter is not None or rank_filter is not None
-    if contexts and not any_source and not filtered and not report.problems and not _has_output(root):
+    if contexts and not raw_steps and not filtered and not report.problems and not has_output(root):
         raise EmptyDumpError(
             f"{root} holds capture manifests but no captured step (nothing was dumped for the selected "
             "steps/ranks); check the dump configuration's steps and ranks"
@@ -207,10 +252,20 @@ def process_dump(dump_path, steps: Union[IndexSelection, Iterable[int], None] = 
     return report
 
 
-def _note_empty_selection(report: ProcessingReport, contexts, plans: List[Plan], step_filter, rank_filter) -> None:
-    if rank_filter is not None and not contexts:
+def _note_empty_selection(report: ProcessingReport, contexts, plans: List[Plan], raw_steps: Set[int], step_filter,
+                          rank_filter) -> None:
+    """Say so, in one sentence, when ``--steps``/``--ranks`` match nothing in this dump (raw or processed)."""
+    if rank_filter is not None and not contexts and not report.problems:
         report.selection_matched_nothing = True
-        report.warnings.append(f"no rank matched the selection {rank_filter.describe()}")
-    elif step_filter is not None and not any(chosen for _, chosen in plans) and not report.outcomes:
-        report.selection_matched_nothing = True
-        report.warnings.append(f"no raw step matched the selection {step_filter.describe()}")
+        report.selection_message = (f"nothing processed: no rank of this dump matches the selection "
+                                    f"{rank_filter.describe()}")
+        return
+    if step_filter is None or any(chosen for _, chosen in plans) or report.outcomes or report.problems:
+        return
+    processed = output_steps(report.dump_path, {ctx.out_rank_name for ctx, _ in plans})
+    if any(step in step_filter for step in processed):
+        return  # already processed: nothing to do, not an empty selection
+    report.selection_matched_nothing = True
+    report.selection_message = (f"nothing processed: no step of this dump matches the selection "
+                                f"{step_filter.describe()} (raw steps here: {ranges(sorted(raw_steps))}; "
+                                f"processed steps: {ranges(sorted(processed))})")

@@ -8,7 +8,7 @@ with it) read them back.
 from __future__ import annotations
 
 import json
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import naming
 from mf_celldump.dtypes import mindspore_dtype_name
@@ -47,6 +47,30 @@ def record_of(capture: Capture, data_name: Optional[str]) -> Optional[dict]:
     if data_name is not None:
         record["data_name"] = data_name
     return record
+
+
+# Positions left empty (null) in one argument list: a few are normal (an argument nobody
+# captured), millions would come only from a corrupt index path and would cost memory.
+MAX_GAPS = 1024
+
+
+def index_gap_problem(captures: Iterable[Capture]) -> Optional[str]:
+    """Why the index paths of one entry's captures would need too many empty positions (None if fine)."""
+    children: Dict[tuple, set] = {}
+    for capture in captures:
+        key = capture.key
+        if key.slot == SLOT_KWARG and key.msprobe_io == "output":
+            continue  # appended after the outputs, never nested
+        group, path = (key.msprobe_io, "kw", key.path[0]), key.path[1:]
+        if key.slot != SLOT_KWARG:
+            group, path = (key.msprobe_io,), key.path
+        for depth, index in enumerate(path):
+            children.setdefault(group + path[:depth], set()).add(index)
+    for where, seen in children.items():
+        if max(seen) + 1 - len(seen) > MAX_GAPS:
+            return (f"index {max(seen)} under {'.'.join(str(p) for p in where)} would leave "
+                    f"{max(seen) + 1 - len(seen)} empty positions (more than {MAX_GAPS}); corrupt index path?")
+    return None
 
 
 def _nest(pairs: List[Tuple[Tuple[int, ...], object]]) -> list:
@@ -114,6 +138,29 @@ def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[s
         yield ("\n  " if first else ",\n  ") + json.dumps(name) + ": " + json.dumps(body)
         first = False
     yield "\n }\n}\n"
+
+
+def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
+                 failed: Dict[int, int]) -> Iterator[Tuple[str, Iterable[str]]]:
+    """(file name, text chunks) of the three files; lazy, so generating them again (to measure) is cheap.
+
+    ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; captures
+    in ``failed`` (by id) get no ``data_name``.
+    """
+
+    def bodies():
+        for entry in entries:
+            leaves = {}
+            for capture in entry.captures:
+                if capture.data_name is None:
+                    continue
+                has_file = data_dir is not None and capture.file is not None and id(capture) not in failed
+                leaves[id(capture)] = record_of(capture, capture.data_name if has_file else None)
+            yield entry.name, entry_body(entry, leaves)
+
+    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies())
+    yield naming.CONSTRUCT_JSON, [construct_json(entries)]
+    yield naming.STACK_JSON, [stack_json(entries)]
 
 
 def construct_json(entries: List[Entry]) -> str:

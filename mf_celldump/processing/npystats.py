@@ -5,7 +5,7 @@ through ``statistics.StatsAccumulator`` (the capture side uses it too, so host-c
 and file-computed numbers agree), so memory does not grow with tensor size (an mmap
 would: its pages count as resident memory). Only plain numeric arrays are read: no
 pickled objects, strings, complex or datetime values, and the header's size must
-match the file's.
+match the file's, so a header claiming a trillion elements costs nothing.
 """
 
 from __future__ import annotations
@@ -124,37 +124,39 @@ def read_header(handle, path: str, head: bytes = b"") -> NpyHeader:
 SMALL_LIMIT_BYTES = 4096  # a non-tensor value travels as a one-element tensor
 
 
-def load_small(path: str) -> np.ndarray:
-    """Load a one-element array (a non-tensor value stored as a scalar tensor)."""
-    with open(path, "rb", buffering=0) as handle:
-        head = handle.read(HEAD_BYTES) or b""
-        header = read_header(handle, path, head)
-        if header.nbytes > SMALL_LIMIT_BYTES or header.size != 1:
-            raise NpyReadError(f"{path}: expected a single value for a non-tensor capture, got shape {header.shape}")
-        data = head[header.data_offset : header.data_offset + header.nbytes]
+def load_small(handle, path: str) -> np.ndarray:
+    """The one-element array (a non-tensor value stored as a scalar tensor) in the open ``handle``."""
+    head = handle.read(HEAD_BYTES) or b""
+    header = read_header(handle, path, head)
+    if header.nbytes > SMALL_LIMIT_BYTES or header.size != 1:
+        raise NpyReadError(f"{path}: expected a single value for a non-tensor capture, got shape {header.shape}")
+    data = head[header.data_offset : header.data_offset + header.nbytes]
     return np.frombuffer(data, dtype=header.dtype).reshape(header.shape)
 
 
-def file_statistics(path: str, wanted: Iterable[str]) -> Tuple[str, Tuple[int, ...], Dict[str, object]]:
-    """(numpy dtype name, shape, statistics) of the array in ``path``, in one pass over its data."""
+def file_statistics(handle, path: str, wanted: Iterable[str]) -> Tuple[str, Tuple[int, ...], Dict[str, object]]:
+    """(numpy dtype name, shape, statistics) of the array in the open ``handle``, in one pass over its data.
+
+    ``path`` only names the file in messages; the data is read from ``handle`` (opened by
+    the caller with its checks), never by name.
+    """
     wanted = tuple(wanted)
-    with open(path, "rb", buffering=0) as handle:
-        head = handle.read(HEAD_BYTES) or b""
-        header = read_header(handle, path, head)
-        if header.fortran_order:
-            stats = _mmap_statistics(path, header, wanted)
-        elif header.nbytes <= CHUNK_BYTES:
-            have = memoryview(head)[header.data_offset : header.data_offset + header.nbytes]
-            if len(have) < header.nbytes:
-                handle.seek(header.data_offset + len(have))
-                data = bytes(have) + _read_exact(handle, header.nbytes - len(have), path, header.nbytes)
-            else:
-                data = have
-            array = np.frombuffer(data, dtype=header.dtype).reshape(header.shape)
-            stats = StatsAccumulator(header.dtype, wanted).add(array).result()
+    head = handle.read(HEAD_BYTES) or b""
+    header = read_header(handle, path, head)
+    if header.fortran_order:
+        stats = _fortran_statistics(handle, header, wanted)
+    elif header.nbytes <= CHUNK_BYTES:
+        have = memoryview(head)[header.data_offset : header.data_offset + header.nbytes]
+        if len(have) < header.nbytes:
+            handle.seek(header.data_offset + len(have))
+            data = bytes(have) + _read_exact(handle, header.nbytes - len(have), path, header.nbytes)
         else:
-            handle.seek(header.data_offset)
-            stats = _combine(_stream_chunks(handle, header, path), header, wanted)
+            data = have
+        array = np.frombuffer(data, dtype=header.dtype).reshape(header.shape)
+        stats = StatsAccumulator(header.dtype, wanted).add(array).result()
+    else:
+        handle.seek(header.data_offset)
+        stats = _combine(_stream_chunks(handle, header, path), header, wanted)
     return header.dtype.name, header.shape, stats
 
 
@@ -190,12 +192,16 @@ def _stream_chunks(handle, header: NpyHeader, path: str) -> Iterator[np.ndarray]
         yield np.frombuffer(buffer, dtype=header.dtype, count=want // itemsize)
 
 
-def _mmap_statistics(path: str, header: NpyHeader, wanted: Tuple[str, ...]) -> Dict[str, object]:
-    """Fortran-ordered files (capture never writes them): C-ordered slabs along the first axis."""
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise NpyReadError(f"{path}: truncated or corrupt .npy file ({err})") from None
+def _fortran_statistics(handle, header: NpyHeader, wanted: Tuple[str, ...]) -> Dict[str, object]:
+    """Fortran-ordered files (capture never writes them): C-ordered slabs along the first axis.
+
+    The map is made from the open handle, so the file read is the one that was checked.
+    """
+    if header.nbytes == 0:
+        empty = np.zeros(header.shape, dtype=header.dtype)
+        return StatsAccumulator(header.dtype, wanted).add(empty).result()
+    array = np.memmap(handle, dtype=header.dtype, mode="r", offset=header.data_offset, shape=header.shape,
+                      order="F")
     if array.nbytes <= CHUNK_BYTES:
         return StatsAccumulator(array.dtype, wanted).add(np.ascontiguousarray(array)).result()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from mf_celldump.processing.step_transaction import StepOutcome
+from mf_celldump.processing.outcome import StepOutcome
 
 
 @dataclass
@@ -17,10 +17,16 @@ class ProcessingReport:
     problems: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
     selection_matched_nothing: bool = False
+    selection_message: str = ""  # the one sentence saying so, when the selection matched nothing
 
     @property
     def processed(self) -> List[StepOutcome]:
         return [o for o in self.outcomes if o.status == "processed"]
+
+    @property
+    def failed(self) -> List[StepOutcome]:
+        """Steps whose output could not be written (their raw data is kept)."""
+        return [o for o in self.outcomes if o.status == "failed"]
 
     @property
     def nothing_to_do(self) -> bool:
@@ -45,13 +51,24 @@ class ProcessingReport:
 
     @property
     def files(self) -> int:
+        """Raw files read: tensor_files + value_files."""
         return sum(o.files for o in self.processed)
+
+    @property
+    def tensor_files(self) -> int:
+        return sum(o.tensor_files for o in self.processed)
+
+    @property
+    def value_files(self) -> int:
+        return sum(o.value_files for o in self.processed)
 
     def summary(self, max_problems: int = 20) -> str:
         """Human-readable summary (what the CLI prints)."""
         lines = [f"dump: {self.dump_path}"]
-        if self.nothing_to_do:
-            lines.append("nothing to do: every captured step is already processed")
+        if self.selection_matched_nothing:
+            lines.append(self.selection_message or "nothing processed: the selection matches nothing in this dump")
+        elif self.nothing_to_do:
+            lines.append("nothing to do: every selected step is already processed")
         lines.extend(self._processed_lines())
         lines.extend(self._other_status_lines())
         warnings = list(self.warnings) + [w for o in self.outcomes for w in o.warnings]
@@ -75,14 +92,16 @@ class ProcessingReport:
         shown = [o.output for o in done[:4]] + (["..."] if len(done) > 4 else [])
         return [
             f"processed {len(done)} step folder(s): steps {ranges(steps)}, ranks {ranges(ranks)}; "
-            f"{self.entries} entries (cell calls), {self.files} raw tensor files read",
+            f"{self.entries} entries (cell calls); {self.files} raw files read "
+            f"({self.tensor_files} tensors, {self.value_files} non-tensor values)",
             f"output in {self.dump_path}: {', '.join(shown)}",
         ]
 
     def _other_status_lines(self) -> List[str]:
         lines = []
         for status, text in (("already-processed", "already processed"),
-                             ("skipped-incomplete", "incomplete, skipped")):
+                             ("skipped-incomplete", "incomplete, skipped"),
+                             ("failed", "FAILED, raw data kept")):
             rows = [o for o in self.outcomes if o.status == status]
             if rows:
                 lines.append(f"{text}: {len(rows)} step folder(s) (steps {ranges(sorted({o.step for o in rows}))})")
@@ -99,7 +118,7 @@ class ProcessingReport:
 def ranges(values: List[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0-2,5``."""
     if not values:
-        return "-"
+        return "none"
     parts = []
     start = prev = values[0]
     for value in values[1:] + [None]:

@@ -7,21 +7,26 @@
 4. only then delete the raw inputs (each renamed away first), then that marker.
 
 A re-run finds either the raw data (and redoes 2-4 with the same result), or the marker
-with the output in place (and finishes 4). Any problem keeps the raw data.
+with the output in place (and finishes 4). Any problem keeps the raw data. A failure of
+the file system (permissions, a full disk, a link where our file should be) ends this
+step with a problem that says what and where; the other steps go on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import fsutil, naming
-from mf_celldump.processing import msprobe_json
+from mf_celldump.processing import msprobe_json, raw_cleanup, space
 from mf_celldump.processing.entries import Entry, assign_calls, group_entries, link_parents
+from mf_celldump.processing.existing_output import foreign_in_output, is_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
 from mf_celldump.processing.observer import ProcessingObserver
+from mf_celldump.processing.outcome import StepOutcome
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.captured import Capture
@@ -45,23 +50,6 @@ class RankContext:
 
 
 @dataclass
-class StepOutcome:
-    """What happened to one step of one rank (a row of the report)."""
-
-    rank: int
-    step: int
-    output: str
-    status: str  # processed | already-processed | skipped-incomplete
-    complete: bool = True
-    entries: int = 0
-    files: int = 0  # raw tensor files read (statistics computed, tensor linked into the output)
-    records: int = 0  # captures that came from records.jsonl or statistic.csv, not from a file
-    raw_removed: bool = False
-    problems: List[str] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-
-
-@dataclass
 class _Inputs:
     captures: List[Capture]
     digest: Optional[str]
@@ -78,7 +66,7 @@ def _read_inputs(ctx: RankContext, source: StepSource) -> _Inputs:
         inputs.problems.extend(listed.problems)
         inputs.warnings.extend(listed.warnings)
         inputs.digest = listed.digest
-    inputs.kbk_sizes = {os.path.relpath(p, ctx.rank_dir): os.path.getsize(p) for p in source.kbk_csvs}
+    inputs.kbk_sizes = {os.path.relpath(p, ctx.rank_dir): os.lstat(p).st_size for p in source.kbk_csvs}
     if source.kbk_csvs:
         kbk = read_statistic_csvs(source.kbk_csvs, ctx.manifest.statistics, first_order=len(inputs.captures))
         inputs.captures.extend(kbk.captures)
@@ -105,8 +93,18 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
     assign_calls(captures)
     entries = group_entries(captures, ctx.manifest.cells, problems)
     link_parents(entries)
+    safe = []
     for entry in entries:
-        fsutil.check_component(entry.name)
+        try:
+            fsutil.check_component(entry.name)
+        except fsutil.UnsafePathError as err:
+            problems.append(f"{ctx.manifest.path}: cell {entry.cell.cell_id}: {err}; its captures are skipped")
+            continue
+        gaps = msprobe_json.index_gap_problem(entry.captures)
+        if gaps is not None:
+            problems.append(f"{entry.name}: {gaps}; its captures are skipped")
+            continue
+        safe.append(entry)
         seen: Dict[Tuple[str, str], Capture] = {}
         for capture in entry.captures:
             label = msprobe_json.label_of(capture, entry.cell.params)
@@ -116,14 +114,22 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
                 problems.append(f"{capture.origin}: a second capture of {entry.name}.{io}.{label} "
                                 f"(first: {first.origin}); not used, raw data kept")
                 continue
+            try:
+                capture.data_name = fsutil.check_component(naming.data_name(entry.name, io, label))
+            except fsutil.UnsafePathError as err:
+                problems.append(f"{capture.origin}: {err}; not used")
+                continue
             seen[(io, label)] = capture
-            capture.data_name = fsutil.check_component(naming.data_name(entry.name, io, label))
-    return entries
+    return safe
 
 
 def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data_dir: Optional[str],
-                runner: FileRunner, observer: ProcessingObserver, outcome: StepOutcome) -> Dict[int, bool]:
-    """Statistics/values of every file-backed capture, tensors linked into ``data_dir``; returns failures."""
+                runner: FileRunner, observer: ProcessingObserver, outcome: StepOutcome,
+                our_links: Dict[Tuple[int, int], int]) -> Dict[int, int]:
+    """Statistics/values of every file-backed capture, tensors linked into ``data_dir``.
+
+    Returns the failed captures: id(capture) -> errno of the failure (0 when not an OS error).
+    """
     by_index: List[Capture] = []
     tasks: List[FileTask] = []
     for entry in entries:
@@ -134,44 +140,25 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
             tasks.append(FileTask(len(by_index), capture.file, capture.data_name if linked else None,
                                   capture.key.kind))
             by_index.append(capture)
-    failed: Dict[int, bool] = {}
+    failed: Dict[int, int] = {}
 
     def on_result(result: FileResult) -> None:
         index, status, dtype_or_msg, shape, payload = result
         capture = by_index[index]
         if status == FAILED:
-            failed[id(capture)] = True
+            failed[id(capture)] = int(payload or 0)
             outcome.problems.append(dtype_or_msg)
         elif capture.key.kind == KIND_TENSOR:
             capture.shape, capture.stats = shape, payload
+            outcome.tensor_files += 1
         else:
             capture.value = payload
+            outcome.value_files += 1
         observer.on_file()
 
-    runner.run(tasks, ctx.manifest.statistics, Folders(source.raw_dir or "", data_dir), on_result)
-    outcome.files = len(tasks) - len(failed)
+    runner.run(tasks, ctx.manifest.statistics, Folders(source.raw_dir or "", data_dir, our_links), on_result)
+    outcome.files = outcome.tensor_files + outcome.value_files
     return failed
-
-
-def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry],
-                  failed: Dict[int, bool]) -> None:
-    tensor_task = ctx.manifest.task == "tensor"
-    final_data_dir = os.path.join(target, naming.TENSOR_DIR) if tensor_task else None
-
-    def bodies():
-        for entry in entries:
-            leaves = {}
-            for capture in entry.captures:
-                if capture.data_name is None:
-                    continue
-                has_file = tensor_task and capture.file is not None and id(capture) not in failed
-                leaves[id(capture)] = msprobe_json.record_of(capture, capture.data_name if has_file else None)
-            yield entry.name, msprobe_json.entry_body(entry, leaves)
-
-    fsutil.write_new_text(os.path.join(partial, naming.DUMP_JSON),
-                          msprobe_json.dump_json_lines(ctx.manifest.task, final_data_dir, bodies()))
-    fsutil.write_new_text(os.path.join(partial, naming.CONSTRUCT_JSON), [msprobe_json.construct_json(entries)])
-    fsutil.write_new_text(os.path.join(partial, naming.STACK_JSON), [msprobe_json.stack_json(entries)])
 
 
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
@@ -180,67 +167,171 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     entries = _build_entries(ctx, inputs.captures, outcome.problems)
     step_out = fsutil.child(ctx.root_real, ctx.root_real, naming.step_dir_name(source.step))
     target = fsutil.child(ctx.root_real, step_out, ctx.out_rank_name)
-    fsutil.make_dir(step_out)
+    retired = fsutil.child(ctx.root_real, step_out, naming.retired_output_dir_name(ctx.out_rank_name))
     partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
+    fsutil.make_dir(step_out)
     fsutil.remove_tree(partial)
     fsutil.make_dir(partial)
-    data_dir = None
-    if ctx.manifest.task == "tensor":
-        data_dir = fsutil.make_dir(os.path.join(partial, naming.TENSOR_DIR))
-    failed = _read_files(ctx, source, entries, data_dir, runner, observer, outcome)
-    outcome.records = sum(1 for c in inputs.captures if c.file is None)
-    _write_output(ctx, partial, target, entries, failed)
-    retired = fsutil.child(ctx.root_real, step_out, naming.retired_output_dir_name(ctx.out_rank_name))
-    fsutil.swap_into_place(partial, target, retired)
+    failed: Dict[int, int] = {}
+    try:
+        data_dir = None
+        if ctx.manifest.task == "tensor":
+            data_dir = fsutil.make_dir(os.path.join(partial, naming.TENSOR_DIR))
+        our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
+                                             os.path.join(retired, naming.TENSOR_DIR))
+        failed = _read_files(ctx, source, entries, data_dir, runner, observer, outcome, our_links)
+        outcome.records = sum(1 for c in inputs.captures if c.file is None)
+        space_codes = [code for code in failed.values() if code in space.SPACE_ERRNOS]
+        if space_codes:
+            raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
+        _write_output(ctx, partial, target, entries, failed)
+        _check_no_foreign_output(target)
+        fsutil.swap_into_place(partial, target, retired)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            fsutil.remove_tree(partial)  # frees what a full disk needs; the raw data is untouched
+            fsutil.remove_empty_dir(step_out)
+        if space.is_space_error(err):
+            raise StepProblem(_space_text(ctx, source, target, entries, err, copying=bool(failed))) from None
+        raise
+    outcome.output_written = True
     outcome.entries = len(entries)
     observer.on_stage(ctx.rank, source.step, "output")
 
 
+def _check_no_foreign_output(target: str) -> None:
+    """An output about to be replaced must hold only what processing writes (else it would be deleted)."""
+    foreign = foreign_in_output(target)
+    if foreign:
+        raise StepProblem(f"{target} holds files mf_celldump did not write ({', '.join(foreign[:5])}); they would "
+                          "be deleted with the output this step replaces: move them away and run again (the raw "
+                          "data is kept)")
+
+
+def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List[Entry], err: OSError,
+                copying: bool) -> str:
+    """The full-disk message, with the space this step's output needs (its JSON measured, copies added)."""
+    texts = (chunk for _, chunks in _output_texts(ctx, target, entries, {}) for chunk in chunks)
+    files = [c.file for e in entries for c in e.captures if c.file is not None]
+    copied = 0
+    if copying and source.raw_dir is not None:  # tensors were being copied (no hard links on this file system)
+        copied = sum(os.lstat(os.path.join(source.raw_dir, name)).st_size for name in files)
+    return space.space_problem(err, ctx.root_real, space.needed_bytes(texts, len(files), copied))
+
+
+def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
+    data_dir = os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
+    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed)
+
+
+def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry], failed: Dict[int, int]) -> None:
+    for name, chunks in _output_texts(ctx, target, entries, failed):
+        fsutil.write_new_text(os.path.join(partial, name), chunks)
+
+
+class StepProblem(Exception):
+    """One step cannot be completed now; the message says why and what to do (its raw data is kept)."""
+
+
 def process_step(ctx: RankContext, source: StepSource, runner: FileRunner, remove_raw: bool,
                  observer: ProcessingObserver) -> StepOutcome:
-    """Process one step of one rank (see the module docstring for the order of work)."""
+    """Process one step of one rank (see the module docstring for the order of work).
+
+    Never raises for bad input or a failing file system: the outcome then has status
+    ``failed`` (no output written) or a problem, and the step's raw data is kept.
+    """
     output = os.path.join(naming.step_dir_name(source.step), ctx.out_rank_name)
     outcome = StepOutcome(ctx.rank, source.step, output, "processed", complete=source.complete)
+    try:
+        _transact(ctx, source, runner, remove_raw, observer, outcome)
+    except StepProblem as err:
+        _failed(outcome, str(err))
+    except OSError as err:
+        if space.is_space_error(err):
+            _failed(outcome, space.space_problem(err, ctx.root_real, space.FIXED_OVERHEAD_BYTES))
+        else:
+            _failed(outcome, space.os_problem(err, f"step {source.step}: cannot {_doing(outcome)}"))
+    except (ValueError, RecursionError) as err:  # UnsafePathError is a ValueError
+        _failed(outcome, f"{err}; the raw data is kept")
+    except MemoryError:
+        _failed(outcome, f"out of memory while processing step {source.step}; the raw data is kept (use fewer "
+                         "--jobs, or process on a machine with more memory)")
+    return outcome
+
+
+def _doing(outcome: StepOutcome) -> str:
+    if outcome.output_written or outcome.status == "already-processed":
+        return "finish the step (its output is in place; a re-run finishes it)"
+    return "read the raw data or write the output"
+
+
+def _failed(outcome: StepOutcome, message: str) -> None:
+    if not outcome.output_written and outcome.status == "processed":
+        outcome.status = "failed"
+    outcome.problems.append(message)
+    logger.warning("step %d rank %d: %s", outcome.step, outcome.rank, message)
+
+
+def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_raw: bool,
+              observer: ProcessingObserver, outcome: StepOutcome) -> None:
+    target = os.path.join(ctx.root_real, outcome.output)
+    fsutil.check_plain_dir(os.path.dirname(target))  # no link in place of step{N}/ or step{N}/rank is followed
+    fsutil.check_plain_dir(target)
     inputs = _read_inputs(ctx, source)
     outcome.warnings.extend(inputs.warnings)
     marker_path = _marker_path(ctx, source.step)
     marker = markers.read_processed(marker_path, ctx.root_real) if os.path.lexists(marker_path) else None
-    target = os.path.join(ctx.root_real, output)
-    if marker is not None and os.path.isfile(os.path.join(target, naming.DUMP_JSON)) and \
-            _covered_by(marker, source, inputs):
+    if marker is not None and is_output(target) and _covered_by(marker, source, inputs):
         outcome.status = "already-processed"
-        if remove_raw:
+        if inputs.problems:  # something changed since (e.g. a link planted): keep everything
+            outcome.problems.extend(inputs.problems)
+        elif remove_raw:
             _remove_sources(ctx, source, inputs, marker_path, outcome)
-        return outcome
+        return
     outcome.problems.extend(inputs.problems)
     _assemble(ctx, source, inputs, runner, observer, outcome)
     if outcome.problems:
         logger.warning("step %d rank %d: %d problem(s); raw data kept", source.step, ctx.rank,
                        len(outcome.problems))
-        return outcome
+        return
     fsutil.make_dir(os.path.dirname(marker_path))
+    _check_replaceable(marker_path)
     raw_name = os.path.basename(source.raw_dir) if source.raw_dir else None
-    markers.write_processed(marker_path, source.step, output, raw_name, inputs.digest, inputs.kbk_sizes)
+    markers.write_processed(marker_path, source.step, outcome.output, raw_name, inputs.digest, inputs.kbk_sizes)
     observer.on_stage(ctx.rank, source.step, "marker")
     if remove_raw:
         _remove_sources(ctx, source, inputs, marker_path, outcome)
         observer.on_stage(ctx.rank, source.step, "removed")
-    return outcome
+
+
+def _check_replaceable(path: str) -> None:
+    """An existing file we are about to replace must be ours: a plain file with no other name."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    fsutil.check_own_file(info, path)
 
 
 def _remove_sources(ctx: RankContext, source: StepSource, inputs: _Inputs, marker_path: str,
                     outcome: StepOutcome) -> None:
-    """Delete the consumed raw inputs (output and marker are in place), then the marker."""
+    """Delete the consumed raw inputs we wrote (output and marker are in place), then the marker."""
     if source.raw_dir is not None:
         if not source.complete and step_folder_digest(source.raw_dir) != inputs.digest:
             outcome.warnings.append(f"{source.raw_dir}: files appeared while processing (step still being "
                                     "written?); raw data kept")
             return
-        name = os.path.basename(source.raw_dir)
-        fsutil.retire_and_remove(source.raw_dir, os.path.join(ctx.rank_dir, names.removing_dir_name(name)))
-    for folder in source.kbk_dirs():
-        removing = os.path.join(os.path.dirname(folder), names.removing_dir_name(os.path.basename(folder)))
-        fsutil.retire_and_remove(folder, removing)
+        links = raw_cleanup.output_links(os.path.join(ctx.root_real, outcome.output, naming.TENSOR_DIR))
+        removal = raw_cleanup.remove_raw_step(ctx.rank_dir, source.raw_dir, links)
+        outcome.foreign_kept = removal.foreign
+        note = removal.describe(source.raw_dir)
+        if removal.refused:
+            outcome.problems.append(note)
+            return
+        if note:
+            outcome.warnings.append(note)
+    for path in raw_cleanup.remove_kbk_csvs(source.kbk_csvs, os.path.join(ctx.rank_dir, names.KBK_DIR)):
+        outcome.problems.append(f"{path} also has a name outside its folder (hard link); refused to delete it")
     if os.path.lexists(marker_path):
         os.unlink(marker_path)
     outcome.raw_removed = True

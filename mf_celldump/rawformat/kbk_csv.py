@@ -14,12 +14,15 @@ MindSpore's ``MD5`` column is a real MD5, not msprobe's CRC-32 ``md5``, so it is
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from mf_celldump.config import short_repr
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
+from mf_celldump.fsutil import open_own_file
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import KIND_TENSOR, scalar_of_kind
 from mf_celldump.rawformat.names import find_kbk_stem
@@ -83,44 +86,62 @@ def _kind_of(dtype_text: str) -> str:
 def _collect_rows(paths: List[str], out: KbkRead) -> Dict[Tuple[str, str, str, str], tuple]:
     """(op name, task, stream, timestamp) -> (slot, first position, row, origin) of the tensor input."""
     invocations: Dict[Tuple[str, str, str, str], tuple] = {}
-    position = 0
+    position = [0]
     for path in paths:
-        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-            reader = csv.DictReader(handle)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            missing = [c for c in REQUIRED_COLUMNS if c not in header]
-            if missing:
-                out.problems.append(f"{path}: not a MindSpore statistic.csv (missing columns {', '.join(missing)})")
-                continue
-            reader.fieldnames = header
-            for line, row in enumerate(reader, start=2):
-                position += 1
-                if (row.get("IO") or "").strip().lower() != "input":
-                    continue
-                op_name = row.get("Op Name") or ""
-                if find_kbk_stem(op_name) is None:
-                    continue
-                ident = (op_name, row.get("Task ID", ""), row.get("Stream ID", ""), row.get("Timestamp", ""))
-                slot, known = _int(row.get("Slot")), invocations.get(ident)
-                if known is None or slot > known[0]:
-                    invocations[ident] = (slot, known[1] if known else position, row, f"{path}:{line}")
+        try:
+            with open_own_file(path, None) as raw:
+                handle = io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors="replace", newline="")
+                _collect_file(csv.DictReader(handle), path, invocations, position, out)
+        except (OSError, ValueError, csv.Error) as err:  # UnsafePathError is a ValueError
+            out.problems.append(f"{path}: unreadable statistic.csv ({str(err)[:300]}); its rows are not used")
     return invocations
 
 
+def _collect_file(reader: csv.DictReader, path: str, invocations: dict, position: List[int], out: KbkRead) -> None:
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        out.problems.append(f"{path}: not a MindSpore statistic.csv (missing columns {', '.join(missing)})")
+        return
+    reader.fieldnames = header
+    for line, row in enumerate(reader, start=2):
+        position[0] += 1
+        if (row.get("IO") or "").strip().lower() != "input":
+            continue
+        op_name = row.get("Op Name") or ""
+        if find_kbk_stem(op_name) is None:
+            continue
+        ident = (op_name, row.get("Task ID", ""), row.get("Stream ID", ""), row.get("Timestamp", ""))
+        slot, known = _int(row.get("Slot")), invocations.get(ident)
+        if known is None or slot > known[0]:
+            invocations[ident] = (slot, known[1] if known else position[0], row, f"{path}:{line}")
+
+
 def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int) -> KbkRead:
-    """Captures from all csv files of one iteration, in kernel execution order (Timestamp)."""
+    """Captures from all csv files of one iteration, in kernel execution order (Timestamp).
+
+    A row whose values cannot be what MindSpore writes is a problem naming file and line;
+    the other rows are used.
+    """
     out = KbkRead()
     invocations = _collect_rows(paths, out)
     ordered = sorted(invocations.values(), key=lambda item: (_int(item[2].get("Timestamp")), item[1]))
     for seq, (_, _, row, origin) in enumerate(ordered):
-        key = find_kbk_stem(row["Op Name"])
-        if key.kind != KIND_TENSOR:
-            value = scalar_of_kind(key.kind, _number(row.get("Max Value")))
-            out.captures.append(Capture(seq, first_order + seq, key, origin, value=value))
-            continue
-        dtype_text = (row.get("Data Type") or "").strip() or "unknown"
-        shape = tuple(int(n) for n in _INT_RE.findall(row.get("Shape") or "")[:64])
-        stats = statistics_record(_stat_values(row), wanted, _kind_of(dtype_text))
-        out.captures.append(Capture(seq, first_order + seq, key, origin, dtype=mindspore_dtype_name(dtype_text),
-                                    shape=shape, stats=stats))
+        try:
+            out.captures.append(_capture(row, origin, seq, first_order + seq, wanted))
+        except (ValueError, OverflowError) as err:
+            out.problems.append(f"{origin}: unusable statistics row ({str(err)[:200]})")
     return out
+
+
+def _capture(row: Dict[str, str], origin: str, seq: int, order: int, wanted: Tuple[str, ...]) -> Capture:
+    key = find_kbk_stem(row["Op Name"])
+    if key.kind != KIND_TENSOR:
+        return Capture(seq, order, key, origin, value=scalar_of_kind(key.kind, _number(row.get("Max Value"))))
+    dtype_text = (row.get("Data Type") or "").strip()[:64] or "unknown"
+    dims = _INT_RE.findall(row.get("Shape") or "")
+    if len(dims) > 64 or any(len(d) > 18 for d in dims):
+        raise ValueError(f"'Shape' {short_repr(row.get('Shape'))} is not a tensor shape")
+    shape = tuple(int(d) for d in dims)
+    stats = statistics_record(_stat_values(row), wanted, _kind_of(dtype_text))
+    return Capture(seq, order, key, origin, dtype=mindspore_dtype_name(dtype_text), shape=shape, stats=stats)

@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS
-from mf_celldump.fsutil import atomic_write_json, read_json_inside
+from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
+from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
 
 FORMAT = "mf_celldump-raw/1"
 READABLE_FORMATS = (FORMAT,)
@@ -116,8 +116,7 @@ def _require(data: dict, key: str, kind, path: str):
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return short_repr(value)
 
 
 def _cell(raw: Any, path: str) -> CellRecord:
@@ -204,6 +203,8 @@ def load_manifest(path: str, root_real: str) -> Manifest:
         data = read_json_inside(path, root_real)
     except FileNotFoundError:
         raise ManifestError(f"{path}: missing; this rank folder was not written by mf_celldump's capture") from None
+    except UnsafePathError as err:
+        raise ManifestError(str(err)) from None
     except (OSError, ValueError, RecursionError) as err:
         raise ManifestError(f"{path}: unreadable ({_short(str(err))}); "
                             "restore it from the training run's dump folder") from None

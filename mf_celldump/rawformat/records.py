@@ -8,6 +8,7 @@ elsewhere is a problem (the raw step is then kept) but never stops the other lin
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -106,22 +107,49 @@ def _stat_value(value: Any) -> bool:
 
 def read_records(data: bytes, path: str, first_order: int) -> RecordsRead:
     """All usable lines of a records file's content; ``first_order`` numbers them after others."""
-    out = RecordsRead(size=len(data))
-    lines = data.split(b"\n")
-    ends_clean = data.endswith(b"\n") or not data
-    if ends_clean:
-        lines.pop()  # the empty string after the final newline
-    for number, raw in enumerate(lines, start=1):
+    return read_records_stream(io.BytesIO(data), path, first_order)
+
+
+def read_records_stream(handle, path: str, first_order: int) -> RecordsRead:
+    """Like ``read_records``, reading a binary file line by line: memory stays at one line.
+
+    A line longer than ``MAX_LINE_BYTES`` is skipped unread (a problem); a last line
+    without its newline that does not parse is a torn write (a warning).
+    """
+    out = RecordsRead()
+    if not isinstance(handle, io.BufferedIOBase):
+        handle = io.BufferedReader(handle, 1 << 16)
+    for number, raw, complete in _lines(handle, out):
+        origin = f"{path}:{number}"
+        if raw is None:
+            out.problems.append(f"{origin}: unusable record (line longer than {MAX_LINE_BYTES} bytes)")
+            continue
         if not raw.strip():
             continue
-        origin = f"{path}:{number}"
         try:
-            if len(raw) > MAX_LINE_BYTES:
-                raise ValueError(f"line longer than {MAX_LINE_BYTES} bytes")
             out.captures.append(decode_record(json.loads(raw), origin, first_order + number))
         except (ValueError, RecursionError) as err:
-            if number == len(lines) and not ends_clean:
+            if not complete:
                 out.warnings.append(f"{origin}: torn last line skipped (the run stopped while writing it)")
             else:
                 out.problems.append(f"{origin}: unusable record ({str(err)[:200]})")
     return out
+
+
+def _lines(handle, out: RecordsRead):
+    """(line number, content or None when too long, ends with a newline) for each line."""
+    number = 0
+    while True:
+        chunk = handle.readline(MAX_LINE_BYTES + 1)
+        if not chunk:
+            return
+        number += 1
+        out.size += len(chunk)
+        if len(chunk) > MAX_LINE_BYTES:
+            while chunk and not chunk.endswith(b"\n"):  # skip the rest of the line, a bounded piece at a time
+                chunk = handle.readline(MAX_LINE_BYTES + 1)
+                out.size += len(chunk)
+            yield number, None, True
+            continue
+        complete = chunk.endswith(b"\n")
+        yield number, chunk[:-1] if complete else chunk, complete

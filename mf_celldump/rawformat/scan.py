@@ -2,7 +2,8 @@
 
 Only names are read here (and the records file, which holds metadata). Nothing is
 followed through a symlink: a link where a raw folder or file is expected is reported
-and left alone.
+and left alone. Files capture does not write are told apart by name (``is_ours``), so
+processing can leave them where they are.
 """
 
 from __future__ import annotations
@@ -10,18 +11,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from mf_celldump.fsutil import child, read_bytes_inside
+from mf_celldump.fsutil import child, is_temp_name, open_own_file
 from mf_celldump.rawformat import names
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.manifest import Manifest
-from mf_celldump.rawformat.records import read_records
+from mf_celldump.rawformat.records import read_records_stream
 
 logger = logging.getLogger(__name__)
 
 MAX_RECORDS_BYTES = 1 << 30  # records of one step are metadata: far below this
+# The shape of a raw tensor file name with numbers of any length (names.py bounds them).
+_LOOSE_RAW_NAME = re.compile(r"^c\d+\.[fb]\.[ako]\.[tifbn]\.n(\d+|x)\.p\d+(\.\d+)*(_in)?_[A-Za-z0-9]+_\d+\.npy$")
 
 
 @dataclass
@@ -39,11 +44,17 @@ class StepSource:
 
 @dataclass
 class StepFiles:
-    """The raw tensor files and records of one step folder, as captures (files not opened)."""
+    """The raw tensor files and records of one step folder, as captures (files not opened).
+
+    ``foreign`` lists files mf_celldump did not write (left where they are); ``temps``
+    our temporary files a killed writer left (deleted with the step).
+    """
 
     captures: List[Capture] = field(default_factory=list)
     records_size: Optional[int] = None
     names: List[str] = field(default_factory=list)
+    foreign: List[str] = field(default_factory=list)
+    temps: List[str] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
 
@@ -53,34 +64,71 @@ class StepFiles:
         return source_digest(self.names, extra)
 
 
-def find_rank_dirs(root_real: str, raw_root: str) -> List[Tuple[int, str]]:
-    """``(rank, folder)`` for every ``rank{R}`` folder holding a manifest, by rank."""
-    found = []
-    if not os.path.isdir(raw_root) or os.path.islink(raw_root):
+def find_rank_dirs(root_real: str, raw_root: str, problems: Optional[List[str]] = None) -> List[Tuple[int, str]]:
+    """``(rank, folder)`` for every ``rank{R}`` folder holding a manifest, by rank.
+
+    A symlink in place of ``_raw`` or of a rank folder is not followed; it is named in
+    ``problems``.
+    """
+    found: List[Tuple[int, str]] = []
+    problems = problems if problems is not None else []
+    if os.path.islink(raw_root):
+        problems.append(f"{raw_root} is a symbolic link where mf_celldump keeps its raw data; refused")
+        return found
+    if not os.path.isdir(raw_root):
         return found
     for entry in os.scandir(raw_root):
         rank = names.parse_rank_dir_name(entry.name)
-        if rank is None or not entry.is_dir(follow_symlinks=False):
+        if rank is None:
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            problems.append(f"{entry.path} is not a plain folder (a symlink?); refused")
             continue
         path = child(root_real, raw_root, entry.name)
-        if os.path.isfile(os.path.join(path, names.MANIFEST_FILE)):
+        if os.path.lexists(os.path.join(path, names.MANIFEST_FILE)):  # a link is found, then refused by name
             found.append((rank, path))
     return sorted(found)
 
 
 def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: Dict[int, StepSource],
-                      problems: List[str]) -> None:
+                      problems: List[str], warnings: List[str]) -> None:
     for entry in os.scandir(rank_dir):
         folder_step = names.parse_step_dir_name(entry.name)
         if folder_step is None:
             continue
         if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
-            problems.append(f"{entry.path}: not a plain folder (symlink?); skipped")
+            problems.append(f"{entry.path}: not a plain folder (symlink?); refused, left in place")
+            continue
+        foreign = _only_foreign(entry.path)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            warnings.append(f"{entry.path}: holds no capture data, only files mf_celldump did not write "
+                            f"({shown}); left in place")
             continue
         step = manifest.global_step(folder_step)
         source = steps.setdefault(step, StepSource(step))
         source.raw_dir = child(root_real, rank_dir, entry.name)
         source.complete = os.path.isfile(os.path.join(source.raw_dir, names.STEP_DONE_FILE))
+
+
+def is_ours(name: str) -> bool:
+    """Whether a file of this name in a raw step folder is one capture writes."""
+    return (name in (names.RECORDS_FILE, names.STEP_DONE_FILE) or is_temp_name(name)
+            or names.parse_raw_tensor_name(name) is not None)
+
+
+def _only_foreign(step_dir: str) -> List[str]:
+    """Names in ``step_dir`` when none of them is ours (it holds no capture data); else []."""
+    found = []
+    try:
+        with os.scandir(step_dir) as entries:
+            for entry in entries:
+                if is_ours(entry.name):
+                    return []
+                found.append(entry.name)
+    except OSError:  # unreadable: processing the step reports it
+        return []
+    return sorted(found)
 
 
 def _kbk_iterations(root_real: str, rank_dir: str, manifest: Manifest, steps: Dict[int, StepSource],
@@ -94,19 +142,27 @@ def _kbk_iterations(root_real: str, rank_dir: str, manifest: Manifest, steps: Di
             continue
         iteration = names.kbk_iteration_from_dir_name(os.path.basename(folder))
         csv_path = os.path.join(folder, names.KBK_STATISTIC_CSV)
-        if iteration is None or os.path.islink(csv_path):
-            problems.append(f"{csv_path}: not in a numbered iteration folder (or a symlink); skipped")
+        if os.path.islink(csv_path):
+            problems.append(f"{csv_path}: a symbolic link where MindSpore writes a file; refused, left in place")
+            continue
+        if iteration is None:
+            problems.append(f"{csv_path}: not in a numbered iteration folder; skipped")
             continue
         child(root_real, folder, names.KBK_STATISTIC_CSV)
         step = manifest.graph_step_base + iteration
         steps.setdefault(step, StepSource(step)).kbk_csvs.append(csv_path)
 
 
-def find_steps(root_real: str, rank_dir: str, manifest: Manifest) -> Tuple[Dict[int, StepSource], List[str]]:
-    """Raw step folders and kbk iteration folders of one rank, keyed by global step."""
+def find_steps(root_real: str, rank_dir: str, manifest: Manifest,
+               warnings: Optional[List[str]] = None) -> Tuple[Dict[int, StepSource], List[str]]:
+    """Raw step folders and kbk iteration folders of one rank, keyed by global step.
+
+    Returns the steps and problems; step folders holding only files that are not ours
+    are skipped and named in ``warnings``.
+    """
     steps: Dict[int, StepSource] = {}
     problems: List[str] = []
-    _raw_step_folders(root_real, rank_dir, manifest, steps, problems)
+    _raw_step_folders(root_real, rank_dir, manifest, steps, problems, warnings if warnings is not None else [])
     _kbk_iterations(root_real, rank_dir, manifest, steps, problems)
     # A kbk-only iteration is complete once a later one exists (MindSpore has moved on).
     last = max(steps) if steps else None
@@ -118,40 +174,69 @@ def find_steps(root_real: str, rank_dir: str, manifest: Manifest) -> Tuple[Dict[
 
 
 def list_step_files(step_dir: str, root_real: str) -> StepFiles:
-    """Every raw tensor file name of a step folder parsed, and its records read."""
+    """Every raw tensor file name of a step folder parsed, and its records read.
+
+    Files that are not ours are listed in ``foreign`` and left alone; a link or folder
+    under one of our names is a problem (the step's raw data is then kept).
+    """
     out = StepFiles()
     records_path = None
-    for entry in os.scandir(step_dir):
-        name = entry.name
-        if name == names.STEP_DONE_FILE:
-            continue
-        out.names.append(name)
-        if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
-            out.problems.append(f"{entry.path}: not a plain file (symlink?); refused")
-            continue
-        if name == names.RECORDS_FILE:
-            records_path = entry.path
-            continue
-        parsed = names.parse_raw_tensor_name(name)
-        if parsed is None:
-            if not name.startswith("."):
-                out.warnings.append(f"{entry.path}: not a raw capture file; ignored")
-            continue
-        out.captures.append(Capture(parsed.seq, len(out.captures), parsed.key, name, file=name,
-                                    file_dtype=parsed.numpy_dtype))
+    with os.scandir(step_dir) as entries:
+        for entry in entries:
+            name = entry.name
+            if name == names.STEP_DONE_FILE:
+                if _extra_links(entry):
+                    out.problems.append(_LINKED.format(entry.path))
+                continue
+            out.names.append(name)
+            if not is_ours(name):
+                out.foreign.append(name)
+                out.warnings.append(_foreign_warning(entry.path, name))
+            elif entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+                out.problems.append(f"{entry.path}: a symlink or non-file where mf_celldump expects its own "
+                                    "file; refused")
+            elif is_temp_name(name):
+                if _extra_links(entry):
+                    out.problems.append(_LINKED.format(entry.path))
+                out.temps.append(name)
+            elif name == names.RECORDS_FILE:
+                records_path = entry.path
+            else:
+                parsed = names.parse_raw_tensor_name(name)
+                out.captures.append(Capture(parsed.seq, len(out.captures), parsed.key, name, file=name,
+                                            file_dtype=parsed.numpy_dtype))
     out.names.sort()
+    out.foreign.sort()
     if records_path is not None:
         _read_step_records(records_path, root_real, out)
     return out
 
 
+_LINKED = "{} has another name (hard link); a file mf_celldump wrote has one: refused"
+
+
+def _extra_links(entry: os.DirEntry) -> bool:
+    info = entry.stat(follow_symlinks=False)
+    return stat.S_ISREG(info.st_mode) and info.st_nlink > 1
+
+
+def _foreign_warning(path: str, name: str) -> str:
+    if _LOOSE_RAW_NAME.match(name):
+        return (f"{path}: looks like a raw capture file, but a number in its name is out of the raw format's "
+                "range; not read, left in place")
+    return f"{path}: not a file mf_celldump writes; left in place"
+
+
 def _read_step_records(path: str, root_real: str, out: StepFiles) -> None:
     try:
-        data = read_bytes_inside(path, root_real, MAX_RECORDS_BYTES)
+        with open_own_file(path, root_real) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_RECORDS_BYTES:
+                raise ValueError(f"{size} bytes, more than the {MAX_RECORDS_BYTES} a step's records can be")
+            records = read_records_stream(handle, path, first_order=len(out.captures))
     except (OSError, ValueError) as err:
-        out.problems.append(f"{path}: unreadable ({err})")
+        out.problems.append(f"{path}: unreadable ({str(err)[:300]})")
         return
-    records = read_records(data, path, first_order=len(out.captures))
     out.captures.extend(records.captures)
     out.problems.extend(records.problems)
     out.warnings.extend(records.warnings)
@@ -163,7 +248,7 @@ def step_folder_digest(step_dir: str) -> str:
     listed = sorted(n for n in os.listdir(step_dir) if n != names.STEP_DONE_FILE)
     extra = {}
     if names.RECORDS_FILE in listed:
-        extra[names.RECORDS_FILE] = os.path.getsize(os.path.join(step_dir, names.RECORDS_FILE))
+        extra[names.RECORDS_FILE] = os.lstat(os.path.join(step_dir, names.RECORDS_FILE)).st_size
     return source_digest(listed, extra)
 
 

@@ -1,0 +1,220 @@
+"""Issue 10, items 13, 14, 16-19, 21, 22: what a newcomer meets in the first hour."""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from mf_celldump.config import ConfigError, DumpConfig
+from mf_celldump.processing.driver import process_dump
+from tests import formats as fmt
+from tests.hardening_support import REPO, A, F, build_dump, limited_python, run_cli
+
+README = os.path.join(REPO, "README.md")
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+# -- item 13: messages stay short whatever the value ----------------------------------------------
+
+def _alias_bomb(key: str, depth: int = 10) -> str:
+    """A YAML config whose ``key`` is nested anchors ``depth`` deep: 10**depth items when expanded."""
+    lines = ["_anchors:", "  - &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"]
+    for level in range(1, depth + 1):
+        lines.append(f"  - &a{level} [" + ", ".join([f"*a{level - 1}"] * 10) + "]")
+    lines.append(f"{key}: *a{depth}")
+    return "\n".join(lines) + "\n"
+
+
+BOMB_KEYS = ("steps", "ranks", "include", "exclude", "exclude_classes", "statistics", "layer_mapping", "task",
+             "data_mode", "backend", "dump_path", "jobs", "process_on_train_end")
+
+
+def test_item13_alias_bomb_in_any_key_is_a_short_message_within_300_mb(tmp_path):
+    paths = []
+    for key in BOMB_KEYS:
+        path = tmp_path / f"{key}.yaml"
+        text = _alias_bomb(key).replace("_anchors:", "type: CellDumpCallback\n_anchors:")
+        path.write_text(text.replace("_anchors", "anchors_" + key))
+        paths.append(str(path))
+    code = textwrap.dedent(f"""
+        import sys, yaml; sys.path.insert(0, {REPO!r})
+        from mf_celldump.config import ConfigError, DumpConfig
+        for path in {paths!r}:
+            with open(path) as handle:
+                data = yaml.safe_load(handle)
+            data = {{k: v for k, v in data.items() if not k.startswith("anchors_")}}
+            try:
+                DumpConfig.from_dict(data, source=path)
+                print("ACCEPTED", path)
+            except ConfigError as err:
+                print("LEN", len(str(err)), str(err)[:60])
+    """)
+    proc = limited_python(code, limit_mb=300, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lengths = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("LEN")]
+    assert len(lengths) == len(BOMB_KEYS) and max(lengths) < 400, proc.stdout
+
+
+def test_item13_alias_bomb_through_from_yaml_names_the_key(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb("steps").replace("_anchors", "stepz_anchors"))
+    with pytest.raises(ConfigError) as err:
+        DumpConfig.from_yaml(str(path))
+    assert "unknown key 'stepz_anchors'" in str(err.value) and len(str(err.value)) < 400
+    path.write_text(_alias_bomb("steps", depth=1).replace("_anchors:\n", "").replace("  - &a0", "x: &a0")
+                    .replace("  - &a1", "y: &a1"))
+    with pytest.raises(ConfigError, match="unknown key 'x'"):
+        DumpConfig.from_yaml(str(path))
+
+
+# -- item 14: seven modes for a three-argument cell -----------------------------------------------
+
+def test_item14_surplus_modes_are_named():
+    from mindspore import nn
+
+    from mf_celldump.capture.mode_arity import surplus_mode_warnings
+    from mf_celldump.mapping import modes_for_network
+    from mf_celldump.mapping.parser import parse_mapping_text
+
+    class Attention(nn.Cell):
+        def construct(self, x, freqs_cis, mask):
+            return x
+
+    class Block(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.attention = Attention()
+            self.free = FreeArgs()
+
+        def construct(self, x):
+            return self.attention(x, x, x)
+
+    class FreeArgs(nn.Cell):
+        def construct(self, *inputs):
+            return inputs[0]
+
+    mapping = parse_mapping_text(textwrap.dedent("""
+        Block:
+          attention: self_attention([in, _, in, out, in, _, _], [out])
+          free: free([in, in, in, in, in, in, in, in], [out])
+    """), source="my_mapping.yaml")
+    net = Block()
+    modes = modes_for_network(mapping, net.cells_and_names())
+    warnings = surplus_mode_warnings(modes, net.cells_and_names())
+    assert warnings == [
+        "my_mapping.yaml:3: attention (Attention) takes 3 input(s) (x, freqs_cis, mask) but the entry "
+        "self_attention([in, _, in, out, in, _, _], [out]) gives 7 input modes; surplus, ignored: "
+        "#3 out, #4 in, #5 _, #6 _"]
+
+
+# -- item 16: where run_mindformer.py comes from --------------------------------------------------
+
+def test_item16_readme_says_run_mindformer_py_is_not_in_the_pip_package():
+    files = importlib.metadata.files("mindformers") or []
+    assert not any(str(f).endswith("run_mindformer.py") for f in files), "pip package has it now: update README"
+    text = _read(README)
+    assert "`pip install mindformers` does not install it" in text
+    version = importlib.metadata.version("mindformers")
+    assert f"--branch v{version}" in text and f"for mindformers {version}" in text
+
+
+# -- item 17: the msprobe command without PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION --------------------
+
+def test_item17_msprobe_command_runs_without_the_protobuf_variable(tmp_path):
+    """constraints.txt pins protobuf 3.20.3, with which the plain `msprobe` script works."""
+    assert "protobuf==3.20.3" in _read(os.path.join(REPO, "constraints.txt"))
+    msprobe = os.path.join(os.path.dirname(sys.executable), "msprobe")
+    if not os.path.exists(msprobe):
+        pytest.skip("msprobe is not installed next to this Python")
+    for name in ("a", "b"):
+        build_dump(str(tmp_path / name), steps=1)
+        assert process_dump(str(tmp_path / name), jobs=1).ok
+    env = {k: v for k, v in os.environ.items() if k != "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"}
+    proc = subprocess.run([msprobe, "compare", "-tp", str(tmp_path / "a" / "step0"), "-gp",
+                           str(tmp_path / "b" / "step0"), "-o", str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert glob.glob(str(tmp_path / "out" / "compare_result_*.csv"))
+    readme = _read(README)
+    assert "TypeError: Descriptors cannot be created directly." in readme and "the GIL is released" in readme
+
+
+# -- item 19: every count says what it counts -------------------------------------------------------
+
+def test_item19_counts_say_what_they_count(tmp_path, caplog):
+    builder = build_dump(str(tmp_path / "dump"), steps=1)
+    writer = builder.step(0)
+    writer.seq = 5000
+    writer.value_file(0, F, A, (2,), fmt.KIND_NONE, None, call=0)
+    writer.value_file(0, F, A, (3,), fmt.KIND_INT, 7, call=0)
+    with caplog.at_level(logging.INFO, logger="mf_celldump.processing.driver"):
+        report = process_dump(builder.dump_path, jobs=1)
+    tensors = report.processed[0].tensor_files
+    assert report.processed[0].value_files == 2 and report.files == tensors + 2
+    assert (f"30 entries (cell calls); {tensors + 2} raw files read ({tensors} tensors, 2 non-tensor values)"
+            in report.summary())
+    assert (f"step 0 rank 0: processed: 30 entries (cell calls), {tensors + 2} raw files read ({tensors} tensors, "
+            "2 non-tensor values), 1 captures read from records.jsonl or statistic.csv") in caplog.text
+
+
+# -- item 21: register-path --yaml prints the entry to add ------------------------------------------
+
+def test_item21_register_path_yaml_is_one_entry_for_an_existing_list():
+    proc = run_cli("register-path", "--yaml")
+    assert proc.returncode == 0 and "callbacks:" not in proc.stdout.replace("`callbacks:`", "")
+    user_config = "callbacks:\n  - type: MFLossMonitor\n  - type: CheckpointMonitor\n    prefix: llama\n"
+    merged = yaml.safe_load(user_config + proc.stdout)
+    assert [c["type"] for c in merged["callbacks"]] == ["MFLossMonitor", "CheckpointMonitor", "CellDumpCallback"]
+    assert merged["callbacks"][2]["auto_register"] == "celldump_callback.CellDumpCallback"
+    assert "--register_path " + run_cli("register-path").stdout.strip() in proc.stdout
+
+
+# -- items 18 and 22: the main job -------------------------------------------------------------------
+
+def test_item22_modules_cache_is_ignored_and_kept_out_of_the_checkout(monkeypatch, tmp_path):
+    assert "modules/" in _read(os.path.join(REPO, ".gitignore")).split()
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        import run_tiny_llama
+    finally:
+        sys.path.remove(os.path.join(REPO, "examples"))
+    monkeypatch.delenv("OM_MODULES_CACHE", raising=False)
+    monkeypatch.delenv("LOCAL_DEFAULT_PATH", raising=False)
+    run_tiny_llama.keep_caches_in(str(tmp_path))
+    assert os.environ["OM_MODULES_CACHE"] == str(tmp_path / "modules")
+    assert os.environ["LOCAL_DEFAULT_PATH"] == str(tmp_path)
+
+
+@pytest.mark.slow
+def test_item18_main_job_prints_progress_and_the_dump_keeps_the_rest_in_a_log(tmp_path):
+    """The README's main job, in an empty working folder: a few lines here, MindFormers' in the log."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "run_tiny_llama.py"), "--output-dir",
+                           str(out)], cwd=str(tmp_path), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 15 and proc.stderr == "", proc.stdout + proc.stderr
+    assert [line.split(":")[0] for line in lines if line.startswith("step ")] == ["step 0", "step 1", "step 2"]
+    assert f"dump: {out / 'celldump'}" in lines
+    assert any(line.startswith("  step2/rank: 68 entries") and "167 tensors" in line for line in lines), lines
+    log = _read(str(out / "run_tiny_llama.log"))
+    assert "Init Config" in log and "step 2 rank 0: processed" in log
+    assert sorted(os.listdir(tmp_path)) == ["out"], "nothing (output/, modules/) in the working folder"
+    assert (out / "modules").is_dir()
+
+
+def test_examples_readme_and_main_readme_describe_the_quiet_main_job():
+    assert "run_tiny_llama.log" in _read(README)
+    assert "--verbose" in _read(os.path.join(REPO, "examples", "README.md"))
