@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import resources
 from typing import FrozenSet, Tuple
 
-from mf_celldump.mapping.model import LayerMapping, MappingError
+from mf_celldump.mapping.entries import LayerMapping, MappingError
 from mf_celldump.mapping.parser import parse_mapping_text
 
 PACKAGE = "mf_celldump.layer_mapping"

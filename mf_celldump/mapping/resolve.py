@@ -11,7 +11,7 @@ import os
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from mf_celldump.mapping.bundled import bundled_classes, bundled_names, load_bundled
-from mf_celldump.mapping.model import ArgModes, LayerMapping, MappingError, merge
+from mf_celldump.mapping.entries import ArgModes, LayerMapping, MappingError, merge
 from mf_celldump.mapping.parser import load_mapping_file
 
 logger = logging.getLogger(__name__)
