@@ -133,8 +133,11 @@ def build_model(cfg: TinyGPT):
 
 
 def weights(model) -> dict:
-    return {name: value.detach().cpu().numpy().copy() for name, value in model.state_dict().items()
-            if value is not None and hasattr(value, "numpy") and "_extra_state" not in name}
+    return {
+        name: value.detach().cpu().numpy().copy()
+        for name, value in model.state_dict().items()
+        if value is not None and hasattr(value, "numpy") and "_extra_state" not in name
+    }
 
 
 def step(model, cfg: TinyGPT, batch):
@@ -153,7 +156,9 @@ def step(model, cfg: TinyGPT, batch):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("out")
     parser.add_argument("--task", choices=("tensor", "statistics"), default="tensor")
     args = parser.parse_args(argv)

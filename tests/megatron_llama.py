@@ -53,7 +53,9 @@ def convert(meg: dict, cfg: TinyGPT) -> dict:
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
         qkv = meg[src + "self_attention.linear_qkv.weight"].reshape(groups, (per_group + 2) * dim, -1)
         out[dst + "attention.wq.weight"] = qkv[:, : per_group * dim].reshape(heads * dim, -1)
-        out[dst + "attention.wk.weight"] = qkv[:, per_group * dim : (per_group + 1) * dim].reshape(groups * dim, -1)
+        out[dst + "attention.wk.weight"] = qkv[:, per_group * dim : (per_group + 1) * dim].reshape(
+            groups * dim, -1
+        )
         out[dst + "attention.wv.weight"] = qkv[:, (per_group + 1) * dim :].reshape(groups * dim, -1)
         out[dst + "attention.wo.weight"] = meg[src + "self_attention.linear_proj.weight"]
         gate, up = np.split(meg[src + "mlp.linear_fc1.weight"], 2, axis=0)
@@ -88,19 +90,34 @@ def build(cfg: TinyGPT, params: dict):
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     config = LlamaConfig(
-        batch_size=cfg.batch_size, seq_length=cfg.seq_length, hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers, num_heads=cfg.num_heads, n_kv_heads=cfg.num_query_groups,
-        vocab_size=cfg.vocab_size, intermediate_size=cfg.ffn_hidden_size, rms_norm_eps=cfg.eps,
-        use_rope_slice=True, fused_rms_norm=False, use_flash_attention=False, use_past=False,
-        compute_dtype="float32", layernorm_compute_type="float32", softmax_compute_type="float32",
-        rotary_dtype="float32", param_init_type="float32", checkpoint_name_or_path="",
+        batch_size=cfg.batch_size,
+        seq_length=cfg.seq_length,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        n_kv_heads=cfg.num_query_groups,
+        vocab_size=cfg.vocab_size,
+        intermediate_size=cfg.ffn_hidden_size,
+        rms_norm_eps=cfg.eps,
+        use_rope_slice=True,
+        fused_rms_norm=False,
+        use_flash_attention=False,
+        use_past=False,
+        compute_dtype="float32",
+        layernorm_compute_type="float32",
+        softmax_compute_type="float32",
+        rotary_dtype="float32",
+        param_init_type="float32",
+        checkpoint_name_or_path="",
     )
     net = LlamaForCausalLM(config)
     names = {p.name for p in net.get_parameters()}
     missing = sorted(names - set(params)) + sorted(set(params) - names)
     if missing:
         raise SystemExit(f"weight conversion does not match the model: {missing}")
-    ms.load_param_into_net(net, {name: ms.Parameter(ms.Tensor(value), name=name) for name, value in params.items()})
+    ms.load_param_into_net(
+        net, {name: ms.Parameter(ms.Tensor(value), name=name) for name, value in params.items()}
+    )
     net.set_train(True)
     train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), learning_rate=0.0))
     train.set_train(True)
@@ -113,8 +130,16 @@ def dump_ours(train, batch, out: str, task: str) -> float:
 
     import mf_celldump
 
-    dump = mf_celldump.attach(train, {"dump_path": out, "task": task, "steps": "0", "layer_mapping": "none",
-                                      "process_on_train_end": False})
+    dump = mf_celldump.attach(
+        train,
+        {
+            "dump_path": out,
+            "task": task,
+            "steps": "0",
+            "layer_mapping": "none",
+            "process_on_train_end": False,
+        },
+    )
     dump.begin_step(0)
     loss = float(train(ms.Tensor(batch)).asnumpy())
     _pynative_executor.sync()
@@ -131,11 +156,15 @@ def dump_msprobe(net, train, batch, out: str, task: str) -> float:
 
     from tests import msprobe_dumpers
 
-    return msprobe_dumpers.dump_mindspore_step(net, lambda: float(train(ms.Tensor(batch)).asnumpy()), out, task)
+    return msprobe_dumpers.dump_mindspore_step(
+        net, lambda: float(train(ms.Tensor(batch)).asnumpy()), out, task
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("megatron_dir")
     parser.add_argument("out")
     parser.add_argument("--run", action="append", required=True, metavar="NAME[:VARIANT[:TASK]]")

@@ -51,7 +51,7 @@ def _config_file(config: dict) -> Iterator[str]:
 
 
 def name_rank_folder(out: str, rank_folder: str = "rank") -> None:
-    """Rename the single rank folder of every step under ``out`` (``proc123``, ``rank0``) to ``rank_folder``."""
+    """Rename the single rank folder of each step under ``out`` (``proc123``, ``rank0``) to ``rank_folder``."""
     for step in sorted(os.listdir(out)):
         step_dir = os.path.join(out, step)
         if not (step.startswith("step") and os.path.isdir(step_dir)):
@@ -75,8 +75,14 @@ def _fix_data_dir(rank_dir: str) -> None:
             json.dump(data, handle, indent=1)
 
 
-def dump_torch_step(model, run_step: Callable[[], float], out: str, task: str = "tensor",
-                    level: str = "L0", rank_folder: str = "rank") -> float:
+def dump_torch_step(
+    model,
+    run_step: Callable[[], float],
+    out: str,
+    task: str = "tensor",
+    level: str = "L0",
+    rank_folder: str = "rank",
+) -> float:
     """One step of a torch ``model`` under msprobe's PyTorch dumper; returns what ``run_step`` returns."""
     from msprobe.pytorch import PrecisionDebugger
 
@@ -115,8 +121,14 @@ def cpu_norm_remedy() -> None:
         mindspore_processor.mint = _CpuNorm(mint)
 
 
-def dump_mindspore_step(net, run_step: Callable[[], float], out: str, task: str = "tensor",
-                        level: str = "L0", rank_folder: str = "rank") -> float:
+def dump_mindspore_step(
+    net,
+    run_step: Callable[[], float],
+    out: str,
+    task: str = "tensor",
+    level: str = "L0",
+    rank_folder: str = "rank",
+) -> float:
     """One PyNative step of the MindSpore cell ``net`` under msprobe's MindSpore dumper."""
     import mindspore  # noqa: F401  (before msprobe)
 

@@ -16,9 +16,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from mf_celldump.mapping.bundled import bundled_classes, bundled_names, load_bundled
 from mf_celldump.mapping.check import check_mapping
 from mf_celldump.mapping.entries import TOP_LAYER, LayerMapping, MappingError
-from mf_celldump.mapping.sample_networks import BUILTIN_MODELS, ModelSpecError, build_builtin, stdout_to_stderr
 from mf_celldump.mapping.parser import load_mapping_file
 from mf_celldump.mapping.resolve import AUTO, named_classes, resolve_mapping
+from mf_celldump.mapping.sample_networks import (
+    BUILTIN_MODELS,
+    ModelSpecError,
+    build_builtin,
+    stdout_to_stderr,
+)
 
 logger = logging.getLogger(__name__)
 

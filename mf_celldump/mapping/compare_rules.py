@@ -63,7 +63,7 @@ class CompareRules:
         return self.layout == "sbh"
 
     def baseline_input(self, index: int) -> Optional[str]:
-        """The baseline input slot for our positional input ``index``: ``"2"``, ``"hidden_states"`` or None."""
+        """Baseline input slot for our positional input ``index``: ``"2"``, ``"hidden_states"`` or None."""
         if index < len(self.inputs):
             return None if self.inputs[index] == "_" else self.inputs[index]
         return str(index)

@@ -65,7 +65,10 @@ class _Scanner:
         return match.group(0)
 
 
-def parse_entry_parts(text: str) -> Tuple[str, Tuple[str, ...], Tuple[str, ...], Tuple[Tuple[str, RuleValue], ...]]:
+EntryParts = Tuple[str, Tuple[str, ...], Tuple[str, ...], Tuple[Tuple[str, RuleValue], ...]]
+
+
+def parse_entry_parts(text: str) -> EntryParts:
     """Split ``bench([..], [..], key=value, ...)`` into (bench name, input modes, output modes, rules).
 
     A bare ``bench`` (msprobe compare's plain rename) and ``bench()`` give no modes.
