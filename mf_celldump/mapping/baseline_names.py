@@ -29,6 +29,9 @@ from mf_celldump.mapping.entries import TOP_LAYER, ArgModes, LayerMapping
 OLD_TOP_LAYER = "Cell"
 # Cells that are never called, so never get an entry of their own (their node type is their name).
 CONTAINER_CLASSES = frozenset({"CellList", "CellDict", "ModuleList", "ModuleDict"})
+# Class given to a path that has no entries of its own in a dump (an ancestor of dumped cells).
+NOT_DUMPED = "(not dumped)"
+_NAMELESS = CONTAINER_CLASSES | {NOT_DUMPED}
 
 _Candidate = Tuple[str, str, int, ArgModes]  # key, baseline value, number of parts, entry
 
@@ -94,7 +97,7 @@ def type_lookup(classes: Dict[str, str]):
 
     def type_of(path: str) -> str:
         cls = classes.get(path)
-        if cls is None or cls in CONTAINER_CLASSES:
+        if cls is None or cls in _NAMELESS:
             return path.rpartition(".")[2]
         return cls
 
@@ -103,7 +106,8 @@ def type_lookup(classes: Dict[str, str]):
 
 def resolve_cells(mapping: LayerMapping, named: Iterable[Tuple[str, str]]) -> List[Resolution]:
     """Baseline path of every (cell name, class) pair that msprobe would see (root and containers skipped)."""
-    pairs = [(name, cls) for name, cls in named if name and cls not in CONTAINER_CLASSES]
+    named = list(named)
+    pairs = [(name, cls) for name, cls in named if name and cls not in _NAMELESS]
     view = MsprobeView(mapping)
-    type_of = type_lookup(dict(pairs))
+    type_of = type_lookup(dict(named))
     return [view.resolve(name, type_of) for name, _ in pairs]
