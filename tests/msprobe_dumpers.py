@@ -51,7 +51,7 @@ def _config_file(config: dict) -> Iterator[str]:
 
 
 def name_rank_folder(out: str, rank_folder: str = "rank") -> None:
-    """Rename the single rank folder of each step under ``out`` (``proc123``, ``rank0``) to ``rank_folder``."""
+    """Rename the single rank folder of each step in ``out`` (``proc123``, ``rank0``) to ``rank_folder``."""
     for step in sorted(os.listdir(out)):
         step_dir = os.path.join(out, step)
         if not (step.startswith("step") and os.path.isdir(step_dir)):
