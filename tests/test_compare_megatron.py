@@ -33,7 +33,9 @@ LAYERS = (0, 1)
 
 def _run(args, cwd, timeout=600):
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -43,14 +45,44 @@ def dumps(tmp_path_factory):
     root = tmp_path_factory.mktemp("xframework")
     meg = root / "meg"
     meg_out = _run([os.path.join(HERE, "megatron_gpt.py"), str(meg)], cwd=str(root))
-    runs = ["clean", "clean2", "perturb:perturb", "nan:nan", "stats:clean:statistics", "nanstats:nan:statistics"]
-    ours = _run([os.path.join(HERE, "megatron_llama.py"), str(meg), str(root / "ours"),
-                 *[f"--run={r}" for r in runs]], cwd=str(root))
-    theirs = _run([os.path.join(HERE, "megatron_llama.py"), str(meg), str(root / "msprobe_ms"), "--run=clean",
-                   "--tool=msprobe"], cwd=str(root))
-    return {"root": root, "meg": meg / "dump", "ours": root / "ours", "msprobe_ms": root / "msprobe_ms" / "clean",
-            "losses": {"megatron": meg_out[0]["loss"], **{r["run"]: r["loss"] for r in ours},
-                       "msprobe_ms": theirs[0]["loss"]}}
+    runs = [
+        "clean",
+        "clean2",
+        "perturb:perturb",
+        "nan:nan",
+        "stats:clean:statistics",
+        "nanstats:nan:statistics",
+    ]
+    ours = _run(
+        [
+            os.path.join(HERE, "megatron_llama.py"),
+            str(meg),
+            str(root / "ours"),
+            *[f"--run={r}" for r in runs],
+        ],
+        cwd=str(root),
+    )
+    theirs = _run(
+        [
+            os.path.join(HERE, "megatron_llama.py"),
+            str(meg),
+            str(root / "msprobe_ms"),
+            "--run=clean",
+            "--tool=msprobe",
+        ],
+        cwd=str(root),
+    )
+    return {
+        "root": root,
+        "meg": meg / "dump",
+        "ours": root / "ours",
+        "msprobe_ms": root / "msprobe_ms" / "clean",
+        "losses": {
+            "megatron": meg_out[0]["loss"],
+            **{r["run"]: r["loss"] for r in ours},
+            "msprobe_ms": theirs[0]["loss"],
+        },
+    }
 
 
 def compare(capsys, target, baseline, out, *extra):
@@ -66,26 +98,39 @@ def test_same_function_on_both_sides(dumps):
 
 def _expected_pairs():
     """Our cells that must pair with Megatron's under msprobe compare -lm, and their partners."""
-    pairs = {"model.tok_embeddings.LlamaEmbedding": "embedding.word_embeddings.VocabParallelEmbedding",
-             "model.norm_out.LlamaRMSNorm": "decoder.final_layernorm.RMSNorm",
-             "lm_head.Linear": "output_layer.ColumnParallelLinear"}
+    pairs = {
+        "model.tok_embeddings.LlamaEmbedding": "embedding.word_embeddings.VocabParallelEmbedding",
+        "model.norm_out.LlamaRMSNorm": "decoder.final_layernorm.RMSNorm",
+        "lm_head.Linear": "output_layer.ColumnParallelLinear",
+    }
     for i in LAYERS:
         ours, theirs = f"model.layers.{i}.", f"decoder.layers.{i}."
-        pairs.update({
-            ours + "attention_norm.LlamaRMSNorm": theirs + "input_layernorm.RMSNorm",
-            ours + "attention.LLamaAttention": theirs + "self_attention.SelfAttention",
-            ours + "ffn_norm.LlamaRMSNorm": theirs + "pre_mlp_layernorm.RMSNorm",
-            ours + "feed_forward.LlamaFeedForward": theirs + "mlp.MLP",
-            ours + "attention.wo.Linear": theirs + "self_attention.linear_proj.RowParallelLinear",
-            ours + "feed_forward.w2.Linear": theirs + "mlp.linear_fc2.RowParallelLinear",
-        })
+        pairs.update(
+            {
+                ours + "attention_norm.LlamaRMSNorm": theirs + "input_layernorm.RMSNorm",
+                ours + "attention.LLamaAttention": theirs + "self_attention.SelfAttention",
+                ours + "ffn_norm.LlamaRMSNorm": theirs + "pre_mlp_layernorm.RMSNorm",
+                ours + "feed_forward.LlamaFeedForward": theirs + "mlp.MLP",
+                ours + "attention.wo.Linear": theirs + "self_attention.linear_proj.RowParallelLinear",
+                ours + "feed_forward.w2.Linear": theirs + "mlp.linear_fc2.RowParallelLinear",
+            }
+        )
     return pairs
 
 
 def test_msprobe_compare_pairs_every_module_with_the_bundled_file(dumps, tmp_path):
     mapping = os.path.join(REPO, "layer_mapping", "llama.yaml")
-    run_msprobe("compare", "-tp", str(dumps["ours"] / "clean" / "step0"), "-gp", str(dumps["meg"] / "step0"),
-                "-o", str(tmp_path), "-lm", mapping)
+    run_msprobe(
+        "compare",
+        "-tp",
+        str(dumps["ours"] / "clean" / "step0"),
+        "-gp",
+        str(dumps["meg"] / "step0"),
+        "-o",
+        str(tmp_path),
+        "-lm",
+        mapping,
+    )
     (result,) = glob.glob(str(tmp_path / "compare_result_*.csv"))
     with open(result, newline="") as handle:
         rows = {row["NPU Name"]: row["Bench Name"] for row in csv.DictReader(handle)}
@@ -107,8 +152,11 @@ def test_no_divergence_against_megatron(dumps, capsys, tmp_path):
         rows = list(csv.DictReader(handle))
     compared = [r for r in rows if r["status"] != "skipped"]
     assert compared and all(float(r["cosine"]) >= 0.99999 for r in compared)
-    fused = {(r["cell"].rpartition(".")[2], r["direction"], r["slot"]) for r in compared if r["transform"]
-             and "split" in r["transform"]}
+    fused = {
+        (r["cell"].rpartition(".")[2], r["direction"], r["slot"])
+        for r in compared
+        if r["transform"] and "split" in r["transform"]
+    }
     for cell in ("wq", "wk", "wv", "w3"):  # forward output and gradient w.r.t. it, split from linear_qkv/fc1
         assert {(cell, "forward", "output.0"), (cell, "backward", "input.0")} <= fused
     assert ("w1", "forward", "output.0") in fused  # after SiLU
@@ -122,14 +170,30 @@ def test_perturbed_layer1_weight_is_the_first_divergence(dumps, capsys, tmp_path
     first = result["first_divergence"]
     assert code == 1 and first["direction"] == "forward"
     assert first["cell"] == "model.layers.1.attention.wo", first
-    assert first["baseline"] == "Module.decoder.layers.1.self_attention.linear_proj.RowParallelLinear.forward.0"
+    assert (
+        first["baseline"] == "Module.decoder.layers.1.self_attention.linear_proj.RowParallelLinear.forward.0"
+    )
     assert [p["cell"] for p in first["parents"]] == ["model.layers.1.attention", "model.layers.1", "model"]
     assert first["next"] and first["metrics"]["rel_err"] > 0.04
     # the terminal summary says the same
-    assert celldump_main(["compare", str(dumps["ours"] / "perturb"), str(dumps["meg"]), "-o", str(tmp_path),
-                          "--mapping", "llama"]) == 1
+    assert (
+        celldump_main(
+            [
+                "compare",
+                str(dumps["ours"] / "perturb"),
+                str(dumps["meg"]),
+                "-o",
+                str(tmp_path),
+                "--mapping",
+                "llama",
+            ]
+        )
+        == 1
+    )
     text = capsys.readouterr().out
-    assert "FIRST DIVERGENCE (forward, step 0 rank): Cell.model.layers.1.attention.wo.Linear.forward.0" in text
+    assert (
+        "FIRST DIVERGENCE (forward, step 0 rank): Cell.model.layers.1.attention.wo.Linear.forward.0" in text
+    )
 
 
 def test_two_runs_of_ours(dumps, capsys, tmp_path):
@@ -173,11 +237,23 @@ def test_anomalies_name_the_poisoned_cell(dumps, capsys):
 
 
 def test_mapping_check_lists_partners_in_the_megatron_dump(dumps, capsys):
-    code = celldump_main(["mapping", "check", "llama", "--target", str(dumps["ours"] / "clean"),
-                          "--baseline", str(dumps["meg"])])
+    code = celldump_main(
+        [
+            "mapping",
+            "check",
+            "llama",
+            "--target",
+            str(dumps["ours"] / "clean"),
+            "--baseline",
+            str(dumps["meg"]),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "model.layers.1.attention.wq (Linear) -> decoder.layers.1.self_attention.linear_qkv" in out
     assert "lm_head (Linear) -> output_layer  [bundled/llama.yaml:" in out and "found" in out
-    assert "loss (CrossEntropyLoss) -> loss  [name kept]  NO PARTNER: the baseline has no 'loss' at the top" in out
+    assert (
+        "loss (CrossEntropyLoss) -> loss  [name kept]  NO PARTNER: the baseline has no 'loss' at the top"
+        in out
+    )
     assert "partners in " in out and "28 of 35 cells" in out

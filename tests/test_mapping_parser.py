@@ -330,7 +330,9 @@ def test_msprobe_resolution_walks_from_top_layer():
     )
     assert names == {
         "model": "decoder", "model.layers.0": "decoder.layers.first",
-        "model.layers.0.fc": "decoder.layers.first.linear", "model.norm": "decoder.norm", "head": "output_layer",
+        "model.layers.0.fc": "decoder.layers.first.linear",
+        "model.norm": "decoder.norm",
+        "head": "output_layer",
     }
 
 

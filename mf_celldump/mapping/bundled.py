@@ -37,7 +37,7 @@ def bundled_classes(name: str) -> FrozenSet[str]:
 
 
 def bundled_name_of(path: str) -> Optional[str]:
-    """The bundled mapping whose text ``path`` holds byte for byte (e.g. ``layer_mapping/llama.yaml``), else None.
+    """The bundled mapping whose text ``path`` holds byte for byte (``layer_mapping/llama.yaml``), else None.
 
     The same file gets the same verdict whether it is named ``llama`` or given by path.
     """

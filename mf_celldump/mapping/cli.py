@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from mf_celldump.mapping.bundled import bundled_classes, bundled_name_of, bundled_names, load_bundled
 from mf_celldump.mapping.baseline_names import NOT_DUMPED, resolve_cells
+from mf_celldump.mapping.bundled import bundled_classes, bundled_name_of, bundled_names, load_bundled
 from mf_celldump.mapping.check import check_mapping
 from mf_celldump.mapping.entries import TOP_LAYER, LayerMapping, MappingError
 from mf_celldump.mapping.parser import load_mapping_file
