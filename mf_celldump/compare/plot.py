@@ -54,7 +54,8 @@ def write_plot(
                     ha="left",
                     va="top",
                 )
-        axis.legend(fontsize=7, loc="lower right")
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7, loc="lower right")
     axes[-1].set_xticks(range(len(labels)))
     axes[-1].set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
     axes[0].set_title(title, fontsize=9)
