@@ -34,7 +34,8 @@ class Divergence:
     next: List[Dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> Dict[str, Any]:
-        worst = min(self.tensors, key=lambda t: _num(t.get("cosine"), 2.0)) if self.tensors else {}
+        ranked = sorted(self.tensors, key=lambda t: (t["status"] != "diverged", _num(t.get("cosine"), 2.0)))
+        worst = ranked[0] if ranked else {}
         return {
             "name": self.entry,
             "cell": self.cell,
