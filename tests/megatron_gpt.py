@@ -78,14 +78,13 @@ def apply_cpu_remedies() -> None:
 
 
 def init_parallel() -> None:
-    """World size 1 on gloo over loopback; tensor and pipeline parallel 1."""
+    """World size 1 on gloo; tensor and pipeline parallel 1."""
     import torch
     from megatron.core import parallel_state
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if not torch.distributed.is_initialized():  # an in-process store: no port to collide with other jobs
+        store = torch.distributed.HashStore()
+        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
 
