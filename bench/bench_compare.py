@@ -71,7 +71,7 @@ def write_pair(root: str, files: int) -> None:
                     for cell in CELLS:
                         if count >= entries:
                             break
-                        scale = 1.0 + (1e-3 if side == "target" and layer >= layers // 2 else 0.0)
+                        scale = 1.0 + (1e-2 if side == "target" and layer >= layers // 2 else 0.0)
                         name = f"Cell.model.layers.{layer}.{cell}.Linear.{direction}.0"
                         body = _entry(data_dir, name, base * scale, layer)
                         out.write(("," if count else "") + json.dumps(name) + ": " + json.dumps(body) + "\n")

@@ -287,3 +287,27 @@ def test_anomalies_across_ranks_and_magnitudes(tmp_path, capsys):
     code, result = run_json(capsys, "anomalies", str(tmp_path / "e"), "--max-abs", "1e4")
     assert code == 1 and result["first"][0]["slots"][0]["kind"] == "large"
     assert celldump_main(["anomalies", str(tmp_path / "nothing")]) == 2
+
+
+def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
+    from mf_celldump.compare import tensors
+
+    folder = write_dump(str(tmp_path / "a"), chain())
+    data_dir = os.path.join(folder, "dump_tensor_data")
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.zeros(3))
+    with pytest.raises(tensors.TensorFileError, match="not a plain file name"):
+        tensors.data_path(data_dir, {"data_name": "../outside.npy"})
+    os.symlink(outside, os.path.join(data_dir, "link.npy"))
+    with pytest.raises(tensors.TensorFileError, match="symlink"):
+        tensors.data_path(data_dir, {"data_name": "link.npy"})
+    np.save(os.path.join(data_dir, "strings.npy"), np.array(["abc"]))
+    with pytest.raises(tensors.TensorFileError, match="not numbers"):
+        tensors.load(os.path.join(data_dir, "strings.npy"))
+    # in a comparison, a bad file is a pair that is not compared, with the reason
+    name = "Cell.block.fc1.Dense.forward.0.output.0.npy"
+    os.remove(os.path.join(data_dir, name))
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "o")
+    )
+    assert code == 0 and result["units"][0]["skipped"] == 1

@@ -9,6 +9,7 @@ from mf_celldump.compare.report import Divergence, layer_table
 from mf_celldump.compare.store import Store
 
 FLOOR = 1e-12  # plotted instead of 0 on the log axis
+MAX_TICKS = 40
 
 
 def write_plot(
@@ -24,7 +25,7 @@ def write_plot(
     if table.empty:
         return False
     labels = list(dict.fromkeys(table.sort_values("depth").layer))
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(labels) + 2), 6.5), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(min(16.0, max(6.0, 0.45 * len(labels) + 2)), 6.5), sharex=True)
     for axis, direction in zip(axes, ("forward", "backward")):
         part = table[table.direction == direction]
         _series(
@@ -56,8 +57,9 @@ def write_plot(
                 )
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7, loc="lower right")
-    axes[-1].set_xticks(range(len(labels)))
-    axes[-1].set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    every = max(1, len(labels) // MAX_TICKS)  # a deep model: label every n-th group
+    axes[-1].set_xticks(range(0, len(labels), every))
+    axes[-1].set_xticklabels(labels[::every], rotation=60, ha="right", fontsize=7)
     axes[0].set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -2,8 +2,8 @@
 
 Files are data from other people's clusters: ``.npy`` is read with ``allow_pickle=False``,
 ``.pt`` with ``torch.load(weights_only=True)`` (tensors only, no code); the name must be a
-plain file name inside the rank folder's ``dump_tensor_data`` and may not lead outside it
-through a symlink.
+plain file name inside the rank folder's ``dump_tensor_data``, and neither the file nor
+that folder may be a symlink (the only way a plain name could lead outside the dump).
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ def data_path(data_dir: str, record: Mapping[str, Any]) -> Optional[str]:
     if os.sep in name or (os.altsep and os.altsep in name) or name in (".", ".."):
         raise TensorFileError(f"data_name {name!r} is not a plain file name")
     path = os.path.join(data_dir, name)
-    real_dir = os.path.realpath(data_dir)
-    if os.path.dirname(os.path.realpath(path)) != real_dir:
-        raise TensorFileError(f"{path}: leads outside {data_dir}")
+    if os.path.islink(path) or os.path.islink(data_dir):  # a plain name can only leave through a link
+        raise TensorFileError(f"{path}: is a symlink; tensor files must be plain files inside {data_dir}")
     return path
 
 
