@@ -94,7 +94,7 @@ def run(request: CompareRequest) -> CompareResult:
             f"for steps {request.steps.describe()}, "
             f"ranks {request.ranks.describe()}"
         )
-    os.makedirs(request.output, exist_ok=True)
+    os.makedirs(request.output, mode=0o750, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".compare-", dir=request.output) as work:
         store = Store(os.path.join(work, "pairs.sqlite"))
         try:
@@ -125,6 +125,9 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
     title = f"{request.target} vs {request.baseline} (step {step or '-'}, {rank})"
     if not write_plot(store, plot_path, step, rank, first, title):
         plot_path = None
+    for path in (csv_path, plot_path):
+        if path:
+            os.chmod(path, 0o640)
     return CompareResult(
         request,
         unit_counts(store),
