@@ -7,7 +7,8 @@ One module-scoped fixture builds every dump once (about 40 s on 2 cores):
   mf_celldump's public API (tests/megatron_llama.py): ``clean``, ``clean2`` (a second run),
   ``perturb`` (layer 1's ``wo`` weight x1.05), ``nan`` (one NaN in layer 1's ``w2`` weight),
   ``stats`` / ``nanstats`` (statistics task);
-* ``msprobe_ms``: msprobe's own MindSpore L0 dump of the same LLaMA step.
+* ``msprobe_ms``: msprobe's own MindSpore L0 dump of the same LLaMA step;
+* ``meg_stats``: the Megatron step again, dumped by msprobe with the statistics task.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def dumps(tmp_path_factory):
     root = tmp_path_factory.mktemp("xframework")
     meg = root / "meg"
     meg_out = _run([os.path.join(HERE, "megatron_gpt.py"), str(meg)], cwd=str(root))
+    _run(
+        [os.path.join(HERE, "megatron_gpt.py"), str(root / "meg_stats"), "--task", "statistics"],
+        cwd=str(root),
+    )
     runs = [
         "clean",
         "clean2",
@@ -75,6 +80,7 @@ def dumps(tmp_path_factory):
     return {
         "root": root,
         "meg": meg / "dump",
+        "meg_stats": root / "meg_stats" / "dump",
         "ours": root / "ours",
         "msprobe_ms": root / "msprobe_ms" / "clean",
         "losses": {
@@ -294,3 +300,15 @@ def test_mcore_gpt_mapping_finds_megatron_partners_for_a_mindformers_mcore_model
         ):
             assert prefix + child in found, (prefix + child, proc.stdout[-3000:])
     assert {"model.embedding.word_embeddings", "model.decoder.final_layernorm", "model.output_layer"} <= found
+
+
+def test_statistics_against_megatron(dumps, capsys, tmp_path):
+    """Cross-framework statistics: layout does not change Max/Min/Mean/Norm; fused parts are not compared."""
+    code, result = compare(
+        capsys, dumps["ours"] / "stats", dumps["meg_stats"], tmp_path / "a", "--mapping", "llama"
+    )
+    assert code == 0 and result["tasks"] == ["statistics", "statistics"] and result["units"][0]["ok"] > 50
+    code, result = compare(
+        capsys, dumps["ours"] / "perturb", dumps["meg_stats"], tmp_path / "b", "--mapping", "llama"
+    )
+    assert code == 1 and result["first_divergence"]["cell"] == "model.layers.1.attention.wo"
