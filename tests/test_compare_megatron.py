@@ -312,3 +312,82 @@ def test_statistics_against_megatron(dumps, capsys, tmp_path):
         capsys, dumps["ours"] / "perturb", dumps["meg_stats"], tmp_path / "b", "--mapping", "llama"
     )
     assert code == 1 and result["first_divergence"]["cell"] == "model.layers.1.attention.wo"
+
+
+# The cell names of a real MindFormers mcore model (tiny Qwen3), written as a statistics dump:
+# msprobe's name pairing reads names and classes only, so this checks mcore_gpt.yaml under the
+# real `msprobe compare -lm` without training Qwen3 on CPU.
+_QWEN3_NAMES_DUMP = """
+import json, os, sys
+from mf_celldump.mapping.sample_networks import build_builtin
+out = sys.argv[1]
+net = build_builtin("tiny-qwen3")
+record = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [4], "Max": 1.0, "Min": 0.0,
+          "Mean": 0.5, "Norm": 1.0}
+data, construct, stack = {}, {}, {}
+for name, cell in net.cells_and_names():
+    if name and type(cell).__name__ != "CellList":
+        for direction in ("forward", "backward"):
+            key = f"Cell.{name}.{type(cell).__name__}.{direction}.0"
+            data[key] = {"input_args": [record], "input_kwargs": {}, "output": [record]}
+            construct[key] = None
+            stack[key] = []
+folder = os.path.join(out, "step0", "rank")
+os.makedirs(folder)
+doc = {"task": "statistics", "level": "L0", "framework": "mindspore", "dump_data_dir": None, "data": data}
+# msprobe -lm pairs nothing when stack.json or construct.json is empty (get_dump_data_items)
+for file_name, content in (("dump.json", doc), ("construct.json", construct), ("stack.json", stack)):
+    with open(os.path.join(folder, file_name), "w") as handle:
+        json.dump(content, handle)
+"""
+
+
+def test_msprobe_compare_pairs_mcore_names_with_the_bundled_mcore_file(dumps, tmp_path):
+    qwen3 = tmp_path / "qwen3_names"
+    proc = subprocess.run(
+        [sys.executable, "-c", _QWEN3_NAMES_DUMP, str(qwen3)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mapping = os.path.join(REPO, "layer_mapping", "mcore_gpt.yaml")
+    run_msprobe(
+        "compare",
+        "-tp",
+        str(qwen3 / "step0"),
+        "-gp",
+        str(dumps["meg_stats"] / "step0"),
+        "-o",
+        str(tmp_path / "out"),
+        "-lm",
+        mapping,
+    )
+    (result,) = glob.glob(str(tmp_path / "out" / "compare_result_*.csv"))
+    with open(result, newline="") as handle:
+        rows = {row["NPU Name"]: row["Bench Name"] for row in csv.DictReader(handle)}
+    expected = {
+        "model.embedding.word_embeddings.VocabParallelEmbedding": "embedding.word_embeddings",
+        "model.decoder.final_layernorm.FusedRMSNorm": "decoder.final_layernorm",
+        "model.output_layer.ColumnParallelLinear": "output_layer",
+    }
+    for i in LAYERS:
+        for ours, theirs in (
+            ("input_layernorm.FusedRMSNorm", "input_layernorm"),
+            ("self_attention.SelfAttention", "self_attention"),
+            ("self_attention.linear_qkv.ColumnParallelLinear", "self_attention.linear_qkv"),
+            ("self_attention.linear_proj.RowParallelLinear", "self_attention.linear_proj"),
+            ("pre_mlp_layernorm.FusedRMSNorm", "pre_mlp_layernorm"),
+            ("mlp.MLPInterleaved", "mlp"),
+            ("mlp.linear_fc1.ColumnParallelLinear", "mlp.linear_fc1"),
+            ("mlp.linear_fc2.RowParallelLinear", "mlp.linear_fc2"),
+        ):
+            expected[f"model.decoder.layers.{i}.{ours}"] = f"decoder.layers.{i}.{theirs}"
+    missing = []
+    for ours, theirs in expected.items():
+        for direction, slot in (("forward", "output.0"), ("backward", "input.0")):
+            bench = rows.get(f"Cell.{ours}.{direction}.0.{slot}", "")
+            if not bench.startswith(f"Module.{theirs}.") or not bench.endswith(f".{direction}.0.{slot}"):
+                missing.append((ours, direction, bench))
+    assert not missing, missing

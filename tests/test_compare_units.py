@@ -311,3 +311,24 @@ def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
         capsys, "compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "o")
     )
     assert code == 0 and result["units"][0]["skipped"] == 1
+
+
+def test_steps_and_ranks_pair_by_number_and_select(tmp_path, capsys):
+    for step in (0, 1):
+        for rank in ("rank0", "rank1"):
+            write_dump(str(tmp_path / "base"), chain(), step=step, rank=rank)
+            bad = step == 1 and rank == "rank1"
+            write_dump(str(tmp_path / "run"), chain(1.5 if bad else 1.0), step=step, rank=rank)
+    out = str(tmp_path / "o")
+    code, result = run_json(capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out)
+    assert code == 1 and len(result["units"]) == 4
+    first = result["first_divergence"]
+    assert (first["step"], first["rank"], first["cell"]) == ("1", "rank1", "block.fc2")
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out, "--steps", "0"
+    )
+    assert code == 0 and [u["step"] for u in result["units"]] == ["0", "0"]
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out, "--ranks", "0"
+    )
+    assert code == 0 and {u["rank"] for u in result["units"]} == {"rank0"}
