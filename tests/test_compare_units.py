@@ -332,3 +332,41 @@ def test_steps_and_ranks_pair_by_number_and_select(tmp_path, capsys):
         capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out, "--ranks", "0"
     )
     assert code == 0 and {u["rank"] for u in result["units"]} == {"rank0"}
+
+
+def test_nothing_paired_is_bad_input_not_success(tmp_path, capsys):
+    write_dump(str(tmp_path / "a"), chain())
+    renamed = {name.replace("Cell.block.", "Cell.other."): body for name, body in chain().items()}
+    write_dump(str(tmp_path / "b"), renamed)
+    code = celldump_main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "o")])
+    captured = capsys.readouterr()
+    assert code == 2 and "NOTHING COMPARED" in captured.out
+    assert "no baseline cell at the mapped name" in captured.out and "mapping check" in captured.err
+    # with a mapping that renames block -> other, everything pairs
+    (tmp_path / "m.yaml").write_text("TopLayer:\n  block: other\n")
+    code = celldump_main(
+        [
+            "compare",
+            str(tmp_path / "a"),
+            str(tmp_path / "b"),
+            "-o",
+            str(tmp_path / "o"),
+            "--mapping",
+            str(tmp_path / "m.yaml"),
+        ]
+    )
+    assert code == 0 and "no divergence: all 6 compared pairs" in capsys.readouterr().out
+
+
+def test_anomalies_read_msprobe_parameters(tmp_path, capsys):
+    folder = write_dump(str(tmp_path / "d"), chain())
+    path = os.path.join(folder, "dump.json")
+    with open(path, encoding="utf-8") as handle:
+        doc = json.load(handle)
+    doc["data"]["Cell.block.fc2.Dense.forward.0"]["parameters"] = {"weight": tensor(np.full(3, np.nan))}
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(doc, handle)
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
+    (first,) = result["first"]
+    assert code == 1 and first["entry"] == "Cell.block.fc2.Dense.forward.0"
+    assert first["slots"][0]["slot"] == "param.weight" and first["note"] == "one of its own weights is bad"

@@ -41,6 +41,8 @@ class Finding:
 
     @property
     def note(self) -> str:
+        if any(s["slot"].startswith("param.") for s in self.slots):
+            return "one of its own weights is bad"
         inputs = [s for s in self.slots if s["slot"].startswith(("input", "kwarg"))]
         if self.direction == "forward" and inputs:
             return "its inputs are already bad: produced between cells, in its parent's code"
@@ -83,7 +85,7 @@ def scan_rank(dump_json: str, step: Optional[int], rank: str, max_abs: Optional[
         if parsed is None:
             continue
         bad = []
-        for slot, record in tensor_slots(parsed.direction, body):
+        for slot, record in tensor_slots(parsed.direction, body, parameters=True):
             kind = slot_anomaly(record, max_abs)
             if kind:
                 counts[kind] += 1

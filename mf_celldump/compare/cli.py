@@ -76,10 +76,19 @@ def run_compare(args: argparse.Namespace, out=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     code = EXIT_DIVERGED if result.diverged else EXIT_OK
+    if not result.compared:
+        code = EXIT_BAD_INPUT  # nothing paired is not "no divergence" (msprobe says success there)
     if args.json:
         print(json.dumps(to_json(result, code), indent=1, default=_plain), file=out)
     else:
         print(format_summary(result), file=out)
+    if not result.compared:
+        print(
+            "error: no tensor of the target found a baseline partner to compare with; check the names with "
+            f"`mf-celldump mapping check MAPPING --target {args.target} --baseline {args.baseline}` "
+            "and give --mapping",
+            file=sys.stderr,
+        )
     return code
 
 
@@ -159,8 +168,10 @@ def format_summary(result: CompareResult) -> str:
 
 def _divergence_lines(result: CompareResult) -> List[str]:
     first = result.first
+    if not result.compared:
+        return ["NOTHING COMPARED: no target tensor found a baseline partner (see the reasons above)"]
     if first is None:
-        return ["no divergence: every compared pair is within thresholds"]
+        return [f"no divergence: all {result.compared} compared pairs are within thresholds"]
     lines = [
         f"FIRST DIVERGENCE ({first.direction}, step {first.step or '-'} {first.rank}): {first.entry}",
         f"  baseline: {first.baseline or '-'}",

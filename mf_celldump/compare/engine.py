@@ -58,6 +58,11 @@ class CompareResult:
     def diverged(self) -> bool:
         return self.first is not None
 
+    @property
+    def compared(self) -> int:
+        """Tensor pairs that were compared (within thresholds or not)."""
+        return sum((unit["ok"] or 0) + (unit["diverged"] or 0) for unit in self.units)
+
 
 def match_units(targets: Sequence[RankDump], baselines: Sequence[RankDump], request: CompareRequest):
     """Pair rank folders by step and rank; one folder on each side always pairs."""

@@ -3,7 +3,8 @@
 Entry names: ``Cell.{cell}.{Class}.{forward|backward}.{n}`` (MindSpore) or
 ``Module.{...}`` (PyTorch); ``...parameters_grad...`` entries and API-level entries are
 not cells and are skipped. Slots, as labels of this module: ``input.I[.J...]`` for
-positional inputs, ``kwarg.NAME`` for keyword inputs, ``output.I[.J...]``. Forward
+positional inputs, ``kwarg.NAME`` for keyword inputs, ``output.I[.J...]``, and
+``param.NAME`` for the weights msprobe records in forward entries (``parameters``). Forward
 bodies hold ``input_args``/``input_kwargs``/``output``; backward bodies ``input`` (msprobe
 PyTorch) or ``input_args`` (MindSpore dumpers) = gradients w.r.t. the forward outputs, and
 ``output`` = gradients w.r.t. the forward inputs.
@@ -42,8 +43,17 @@ def is_tensor(record: Any) -> bool:
     return isinstance(record, dict) and "shape" in record and "dtype" in record
 
 
-def tensor_slots(direction: str, body: Dict[str, Any]) -> Iterator[Tuple[str, Dict[str, Any]]]:
-    """(slot label, tensor record) for every tensor of an entry body, in argument order."""
+def tensor_slots(
+    direction: str, body: Dict[str, Any], parameters: bool = False
+) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """(slot label, tensor record) for every tensor of an entry body, in argument order.
+
+    ``parameters``: also the cell's own weights that msprobe records in forward entries
+    (``param.NAME``), before the inputs: a bad weight is where a bad output comes from.
+    """
+    if parameters and isinstance(body.get("parameters"), dict):
+        for key, value in body["parameters"].items():
+            yield from _walk(f"param.{key}", value, numbered=False)
     inputs = body.get("input_args")
     if inputs is None:
         inputs = body.get("input")
