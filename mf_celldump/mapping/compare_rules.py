@@ -106,21 +106,20 @@ def _scalar(key: str, value: RuleValue, allowed) -> str:
 def parse_rules(items: Tuple[Tuple[str, RuleValue], ...]) -> CompareRules:
     """Build :class:`CompareRules` from validated ``(key, value)`` items (later items win)."""
     found: Dict[str, RuleValue] = dict(items)
-    split = None
-    if "split" in found:
-        text = str(found["split"])
-        chunk = _CHUNK_RE.match(text)
-        if chunk:
-            split = Split("chunk", chunk.group(1), int(chunk.group(2)))
-        else:
-            split = Split("qkv", text.split(":", 1)[1])
     inputs = found.get("in", ())
     return CompareRules(
         layout=str(found.get("layout", "bsh")),
-        split=split,
+        split=_split(str(found["split"])) if "split" in found else None,
         act=str(found["act"]) if "act" in found else None,
         inputs=inputs if isinstance(inputs, tuple) else (inputs,),
     )
+
+
+def _split(text: str) -> Split:
+    chunk = _CHUNK_RE.match(text)
+    if chunk:
+        return Split("chunk", chunk.group(1), int(chunk.group(2)))
+    return Split("qkv", text.split(":", 1)[1])
 
 
 def format_rules(items: Tuple[Tuple[str, RuleValue], ...]) -> str:
