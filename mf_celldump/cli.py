@@ -14,6 +14,8 @@ from typing import List, Optional
 
 def build_parser() -> argparse.ArgumentParser:
     from mf_celldump import __version__
+    from mf_celldump.compare import anomalies as anomalies_cli
+    from mf_celldump.compare import cli as compare_cli
     from mf_celldump.integrations import registration_cli
     from mf_celldump.mapping import cli as mapping_cli
     from mf_celldump.processing import cli as processing_cli
@@ -29,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     processing_cli.add_cli(sub)
     mapping_cli.add_cli(sub)
     registration_cli.add_cli(sub)
+    compare_cli.add_cli(sub)
+    anomalies_cli.add_cli(sub)
     return parser
 
 

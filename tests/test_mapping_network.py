@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -139,11 +140,14 @@ def test_auto_picks_mcore_for_toy_network_and_user_file_wins(tmp_path, toy_cells
     assert ("TransformerLayer", "dropout") in uncovered
     assert not any(child == "layers" for _, child in uncovered)  # containers are not reported
     bundled_variants = {(item.section, item.key) for item in report.bundled_unmatched}
+    # the bundled TopLayer names assume MindFormers' `model` root (TrainingQwen3ForCausalLM ...)
+    top_layer = {("TopLayer", f"model.{child}") for child in
+                 ("embedding", "rotary_pos_emb", "decoder", "mtp", "output_layer")}
     assert bundled_variants == {
         ("SelfAttention", "q_layernorm"),
         ("SelfAttention", "k_layernorm"),
         ("SelfAttention", "core_attention"),
-    }
+    } | top_layer
 
 
 def test_nearest_mapped_ancestor_wins_then_top_layer():
@@ -214,15 +218,17 @@ def test_bundled_llama_matches_tiny_llama(llama_cells):
     for layer in (0, 1):
         prefix = f"model.layers.{layer}"
         assert modes[f"{prefix}.attention"].input_modes[0] == "in"
-        assert modes[f"{prefix}.attention.wq"].bench_name == "linear_q"
+        assert modes[f"{prefix}.attention.wq"].bench_name == "linear_qkv"
+        assert modes[f"{prefix}.attention.wq"].compare_rules.split.part == "q"
         assert modes[f"{prefix}.attention.wo"].bench_name == "linear_proj"
         assert modes[f"{prefix}.feed_forward.w2"].bench_name == "linear_fc2"
         assert modes[f"{prefix}.attention_norm"].bench_name == "input_layernorm"
     assert modes["lm_head"].bench_name == "output_layer"
     assert modes["model.norm_out"].bench_name == "decoder.final_layernorm"
     assert modes["model.tok_embeddings"].bench_name == "embedding.word_embeddings"
+    assert modes["model"].bench_name == "decoder"  # TopLayer: msprobe never sees the root class
     uncovered = {(u.class_name, u.child) for u in report.uncovered}
-    assert ("LlamaForCausalLM", "loss") in uncovered
+    assert ("LLamaAttention", "apply_rotary_emb") in uncovered
 
 
 def test_wrong_user_file_against_tiny_llama(tmp_path, llama_cells):
@@ -269,7 +275,7 @@ def test_cli_list_and_show(capsys, tmp_path):
 
     assert run_cli(["mapping", "show", "llama"]) == 0
     out = capsys.readouterr().out
-    assert "wq -> linear_q  inputs: in  outputs: out  [bundled/llama.yaml:" in out
+    assert "wq -> linear_qkv  inputs: in  outputs: out  [bundled/llama.yaml:" in out
 
     user = write(tmp_path, "TopLayer:\n  a.b: x()\n")
     assert run_cli(["mapping", "show", user]) == 0
@@ -347,6 +353,35 @@ def test_bundled_mcore_matches_real_mcore_models(tmp_path):
     assert "0 problems" in qwen3 and "0 problems" in deepseek3
     # Qwen3 has no MTP; everything else it builds is matched
     bundled_unmatched = [line for line in qwen3.splitlines() if "matches no cell" in line]
-    assert len(bundled_unmatched) == 1 and "GPTModel: child 'mtp'" in bundled_unmatched[0]
+    assert len(bundled_unmatched) == 2 and "GPTModel: child 'mtp'" in bundled_unmatched[0]
+    assert "TopLayer: cell 'model.mtp'" in bundled_unmatched[1]
     assert "matches no cell" not in deepseek3  # MLA, MoE, shared experts and MTP all match
     assert not list(tmp_path.iterdir())  # MindFormers' ./output went to a temporary directory
+
+
+# --- issue 10 item 15: a bundled file gets the same verdict by name and by path ------------
+
+
+def test_bundled_file_by_name_or_path_same_verdict(capsys, tiny_llama, monkeypatch):
+    from mf_celldump.mapping import sample_networks
+
+    monkeypatch.setattr(mapping_cli, "build_model", lambda spec: tiny_llama)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outputs = []
+    for spec in ("llama", os.path.join(repo, "layer_mapping", "llama.yaml")):
+        code = run_cli(["mapping", "check", spec, "--model", "tiny-llama"])
+        outputs.append((code, capsys.readouterr().out))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0] == 0 and "0 problems" in outputs[0][1]
+    assert "tiny-llama" in sample_networks.BUILTIN_MODELS
+    assert "layer mapping from: bundled/llama.yaml\n" in outputs[1][1]
+
+
+def test_check_prints_msprobe_baseline_names(capsys, tiny_llama, monkeypatch):
+    monkeypatch.setattr(mapping_cli, "build_model", lambda spec: tiny_llama)
+    assert run_cli(["mapping", "check", "llama", "--model", "tiny-llama"]) == 0
+    out = capsys.readouterr().out
+    assert "model.layers.1.attention.wo (Linear) -> decoder.layers.1.self_attention.linear_proj" in out
+    assert "model.tok_embeddings (LlamaEmbedding) -> embedding.word_embeddings" in out
+    assert "lm_head (Linear) -> output_layer" in out
+    assert "loss (CrossEntropyLoss) -> loss  [name kept]" in out

@@ -40,7 +40,7 @@ def write(tmp_path, text, name="map.yaml"):
             "fc([in,out,in,_,out], [out, in, in])",
             ("fc", ("in", "out", "in", "_", "out"), ("out", "in", "in")),
         ),
-        ("  fc ( [ in ,  _ ] ,[ out ] )  ", ("fc", ("in", "_"), ("out",))),
+        ("  fc( [ in ,  _ ] ,[ out ] )  ", ("fc", ("in", "_"), ("out",))),
         ("fc([], [])", ("fc", (), ())),
         ("fc([], [in])", ("fc", (), ("in",))),
         ("fc([in])", ("fc", ("in",), ())),
@@ -236,7 +236,7 @@ def test_bundled_files_parse_and_are_marked():
         mapping = load_bundled(name)
         assert mapping.entry_count() > 0
         assert all(m.bundled for entries in mapping.classes.values() for m in entries.values())
-    assert {"LlamaForCausalLM", "LLamaDecodeLayer", "LLamaAttention", "LlamaFeedForward"} <= bundled_classes(
+    assert {"LLamaDecodeLayer", "LLamaAttention", "LlamaFeedForward"} <= bundled_classes(
         "llama"
     )
     assert {
@@ -269,3 +269,84 @@ def test_resolve_unknown_name_lists_bundled(tmp_path):
     message = str(err.value)
     assert "'lama' is neither a bundled mapping nor an existing file" in message
     assert "llama" in message and "mcore_gpt" in message and "a file path must exist" in message
+
+
+# --- compare rules after the mode lists, and msprobe's own name resolution ------------------
+
+from mf_celldump.mapping.baseline_names import MsprobeView, resolve_cells  # noqa: E402
+
+
+def test_rules_parse_and_format_round_trip():
+    entry = parse_entry("linear_qkv([in], [out], layout=sbh, split=qkv:k, in=[hidden_states, _])")
+    assert entry.bench_name == "linear_qkv" and entry.input_modes == ("in",)
+    rules = entry.compare_rules
+    assert rules.seq_first and rules.split.kind == "qkv" and rules.split.part == "k"
+    assert rules.baseline_input(0) == "hidden_states" and rules.baseline_input(1) is None
+    assert rules.baseline_input(2) == "2"
+    assert parse_entry(entry.format()) == entry
+    chunk = parse_entry("linear_fc1([in], [out], split=chunk:1/2, act=silu)").compare_rules
+    assert (chunk.split.kind, chunk.split.part, chunk.split.count, chunk.act) == ("chunk", "1", 2, "silu")
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("x([in], layout=bhs)", "layout='bhs': expected one of bsh, sbh"),
+        ("x(layout=sbh, [in])", "mode lists must come before"),
+        ("x([in], colour=red)", "unknown rule 'colour'"),
+        ("x([in], split=chunk:2/2)", "chunk:I/N with I < N"),
+        ("x([in], split=)", "has no value"),
+        ("x ([in])", "space between the name 'x' and '('; msprobe compare would read 'x '"),
+    ],
+)
+def test_bad_rules(text, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_entry(text, source="m.yaml", line=3)
+    assert "m.yaml:3:" in str(err.value) and fragment in str(err.value)
+
+
+def _resolve(text, cells):
+    mapping = parse_mapping_text(textwrap.dedent(text), source="m.yaml")
+    return {r.cell: r.baseline for r in resolve_cells(mapping, cells)}
+
+
+def test_msprobe_resolution_walks_from_top_layer():
+    cells = [("", "Root"), ("model", "Inner"), ("model.layers", "CellList"), ("model.layers.0", "Block"),
+             ("model.layers.0.fc", "Dense"), ("model.norm", "Norm"), ("head", "Dense")]
+    names = _resolve(
+        """\
+        Root:                 # the root class is never in a dump: ignored by msprobe
+          head: never_used
+        TopLayer:
+          model: decoder
+          model.layers: decoder.layers
+          head: output_layer
+        layers:               # a CellList has no entries: its node type is its own name
+          "0": first
+        Block:
+          fc: linear
+        """,
+        cells,
+    )
+    assert names == {
+        "model": "decoder", "model.layers.0": "decoder.layers.first",
+        "model.layers.0.fc": "decoder.layers.first.linear",
+        "model.norm": "decoder.norm",
+        "head": "output_layer",
+    }
+
+
+def test_msprobe_resolution_longest_key_first_and_cell_section_is_top_layer():
+    cells = [("a", "A"), ("a.b", "B"), ("a.b.c", "C"), ("a.d", "D")]
+    names = _resolve(
+        """\
+        Cell:
+          a: x
+          a.b.c: deep
+        """,
+        cells,
+    )
+    # "a.b.c" (3 parts) is tried before "a" for a.b.c; a.b and a.d only match "a"
+    assert names == {"a": "x", "a.b": "x.b", "a.b.c": "deep", "a.d": "x.d"}
+    view = MsprobeView(parse_mapping_text("A:\n  '': self_only([in], layout=sbh)\n", source="m"))
+    assert view.self_entries["A"].compare_rules.seq_first

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from importlib import resources
-from typing import FrozenSet, Tuple
+from typing import FrozenSet, Optional, Tuple
 
-from mf_celldump.mapping.model import LayerMapping, MappingError
+from mf_celldump.mapping.entries import LayerMapping, MappingError
 from mf_celldump.mapping.parser import parse_mapping_text
 
 PACKAGE = "mf_celldump.layer_mapping"
@@ -34,3 +34,20 @@ def load_bundled(name: str) -> LayerMapping:
 def bundled_classes(name: str) -> FrozenSet[str]:
     """Cell classes that the bundled mapping ``name`` has sections for (what ``auto`` matches on)."""
     return frozenset(load_bundled(name).classes)
+
+
+def bundled_name_of(path: str) -> Optional[str]:
+    """The bundled mapping whose text ``path`` holds byte for byte (``layer_mapping/llama.yaml``), else None.
+
+    The same file gets the same verdict whether it is named ``llama`` or given by path.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(1 << 20)
+    except OSError:
+        return None
+    root = resources.files(PACKAGE)
+    for name in bundled_names():
+        if root.joinpath(name + SUFFIX).read_bytes() == data:
+            return name
+    return None

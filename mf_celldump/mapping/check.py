@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Tuple
 
-from mf_celldump.mapping.model import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
+from mf_celldump.mapping.entries import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
 from mf_celldump.mapping.resolve import child_name, modes_for_network, named_classes
 
 # Containers are never called themselves and their items are numbered, which the

@@ -11,14 +11,21 @@ import importlib
 import logging
 import os
 import sys
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from mf_celldump.mapping.bundled import bundled_classes, bundled_names, load_bundled
+from mf_celldump.mapping.baseline_names import NOT_DUMPED, resolve_cells
+from mf_celldump.mapping.bundled import bundled_classes, bundled_name_of, bundled_names, load_bundled
 from mf_celldump.mapping.check import check_mapping
-from mf_celldump.mapping.model import TOP_LAYER, LayerMapping, MappingError
-from mf_celldump.mapping.models import BUILTIN_MODELS, ModelSpecError, build_builtin, stdout_to_stderr
+from mf_celldump.mapping.entries import TOP_LAYER, LayerMapping, MappingError
 from mf_celldump.mapping.parser import load_mapping_file
+from mf_celldump.mapping.partners import find_partners, format_partners
 from mf_celldump.mapping.resolve import AUTO, named_classes, resolve_mapping
+from mf_celldump.mapping.sample_networks import (
+    BUILTIN_MODELS,
+    ModelSpecError,
+    build_builtin,
+    stdout_to_stderr,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +67,17 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         help=f"a built-in tiny MindFormers model ({', '.join(BUILTIN_MODELS)}) or "
         "'package.module:callable' returning an nn.Cell",
     )
+    check.add_argument(
+        "--target",
+        metavar="DIR",
+        help="one of our dumps (msprobe layout): take the cells and classes from it instead of --model",
+    )
+    check.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a baseline dump (e.g. msprobe's PyTorch dump of Megatron): list which of our cells find a "
+        "partner under msprobe compare -lm, and why not",
+    )
     check.set_defaults(func=run_check)
     return parser
 
@@ -93,14 +111,17 @@ def run_check(args: argparse.Namespace, out=None) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    if args.model is None:
+    if args.model is None and args.target is None:
+        if args.baseline:
+            print("error: --baseline needs --model or --target (our cells)", file=sys.stderr)
+            return EXIT_BAD_INPUT
         return _check_syntax(specs, out)
     try:
-        network = build_model(args.model)
-    except ModelSpecError as err:
-        print(f"error: --model {args.model}: {err}", file=sys.stderr)
+        pairs = _our_cells(args)
+        baseline = dump_cells(args.baseline) if args.baseline else None
+    except (ModelSpecError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    pairs = named_classes(network.cells_and_names())
     try:
         mapping = resolve_mapping(tuple(specs), {cls for _, cls in pairs})
     except MappingError as err:
@@ -108,7 +129,58 @@ def run_check(args: argparse.Namespace, out=None) -> int:
         return EXIT_PROBLEMS
     report = check_mapping(mapping, pairs)
     print(report.format(), file=out)
+    classes = dict(pairs)
+    partners = find_partners(resolve_cells(mapping, pairs), classes, baseline)
+    print(format_partners(partners, args.baseline), file=out)
     return EXIT_PROBLEMS if report.has_problems else EXIT_OK
+
+
+def _our_cells(args: argparse.Namespace) -> List[Tuple[str, str]]:
+    if args.target:
+        return _with_classes(args.target)
+    try:
+        network = build_model(args.model)
+    except ModelSpecError as err:
+        raise ModelSpecError(f"--model {args.model}: {err}") from None
+    return named_classes(network.cells_and_names())
+
+
+def _with_classes(path: str) -> List[Tuple[str, str]]:
+    """(cell, class) of every cell with entries in a dump, in first-seen order."""
+    from mf_celldump.compare.reader import DumpError, DumpJson, find_rank_dumps
+    from mf_celldump.compare.slots import parse_entry_name
+
+    try:
+        first = find_rank_dumps(path)[0]
+        found: Dict[str, str] = {}
+        for name, _ in DumpJson(first.dump_json).entries():
+            parsed = parse_entry_name(name)
+            if parsed is not None:
+                found.setdefault(parsed.cell, parsed.cls)
+    except DumpError as err:
+        raise ValueError(str(err)) from None
+    for cell in list(found):  # ancestors without entries (a CellList is never called) still exist
+        parts = cell.split(".")
+        for size in range(1, len(parts)):
+            found.setdefault(".".join(parts[:size]), NOT_DUMPED)
+    return list(found.items())
+
+
+def dump_cells(path: str) -> Dict[str, Set[str]]:
+    """Cell -> directions with entries, from the first rank folder of a dump (streamed)."""
+    from mf_celldump.compare.reader import DumpError, DumpJson, find_rank_dumps
+    from mf_celldump.compare.slots import parse_entry_name
+
+    cells: Dict[str, Set[str]] = {}
+    try:
+        first = find_rank_dumps(path)[0]
+        for name, _ in DumpJson(first.dump_json).entries():
+            parsed = parse_entry_name(name)
+            if parsed is not None:
+                cells.setdefault(parsed.cell, set()).add(parsed.direction)
+    except DumpError as err:
+        raise ValueError(str(err)) from None
+    return cells
 
 
 def _check_syntax(specs: Sequence[str], out) -> int:
@@ -134,6 +206,9 @@ def _check_syntax(specs: Sequence[str], out) -> int:
 def _load_one(spec: str) -> LayerMapping:
     if spec in bundled_names() and not os.path.exists(spec):
         return load_bundled(spec)
+    same = bundled_name_of(spec) if os.path.isfile(spec) else None
+    if same is not None:
+        return load_bundled(same)
     if not os.path.exists(spec):
         raise MappingError(
             f"{spec!r} is neither a bundled mapping ({', '.join(bundled_names())}) nor an existing file"

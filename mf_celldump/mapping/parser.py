@@ -15,12 +15,17 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from mf_celldump.mapping.model import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError
+from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleError, RuleValue, check_rule
+from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError
 
-ENTRY_SYNTAX = "benchName([input modes], [output modes]) with modes in, out or _ (e.g. linear_q([in], [out]))"
+ENTRY_SYNTAX = (
+    "benchName([input modes], [output modes]) with modes in, out or _ (e.g. linear_q([in], [out])), "
+    "optionally followed by compare rules (e.g. linear_qkv([in], [out], layout=sbh, split=qkv:q))"
+)
 
 _NAME_RE = re.compile(r"[^\s()\[\],]+")
-_TOKEN_RE = re.compile(r"[^\s()\[\],]+")
+_TOKEN_RE = re.compile(r"[^\s()\[\],=]+")
+_RULE_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STR_TAG = "tag:yaml.org,2002:str"
 _INT_TAG = "tag:yaml.org,2002:int"
 _NULL_TAG = "tag:yaml.org,2002:null"
@@ -60,10 +65,14 @@ class _Scanner:
         return match.group(0)
 
 
-def parse_entry_parts(text: str) -> Tuple[str, Tuple[str, ...], Tuple[str, ...]]:
-    """Split ``bench([..], [..])`` into (bench name, input modes, output modes).
+EntryParts = Tuple[str, Tuple[str, ...], Tuple[str, ...], Tuple[Tuple[str, RuleValue], ...]]
+
+
+def parse_entry_parts(text: str) -> EntryParts:
+    """Split ``bench([..], [..], key=value, ...)`` into (bench name, input modes, output modes, rules).
 
     A bare ``bench`` (msprobe compare's plain rename) and ``bench()`` give no modes.
+    Rules (see :mod:`mf_celldump.mapping.compare_rules`) come after the mode lists.
     Raises :class:`EntryError` naming the first thing that is wrong.
     """
     scan = _Scanner(text)
@@ -75,19 +84,21 @@ def parse_entry_parts(text: str) -> Tuple[str, Tuple[str, ...], Tuple[str, ...]]
         raise scan.fail(f"expected a baseline name before {scan.text[scan.pos :]!r}")
     scan.skip_ws()
     if not scan.peek():
-        return name, (), ()
+        return name, (), (), ()
+    if scan.peek() == "(" and scan.text[scan.pos - 1].isspace():
+        # msprobe keeps the text before "(" verbatim, space included: the name would never match.
+        raise scan.fail(f"space between the name {name!r} and '('; msprobe compare would read {name + ' '!r}")
     if scan.peek() != "(":
         raise scan.fail(f"unexpected {scan.text[scan.pos :]!r} after the name {name!r}; expected '('")
     scan.pos += 1
     lists: List[Tuple[str, ...]] = []
+    rules: List[Tuple[str, RuleValue]] = []
     scan.skip_ws()
     if scan.peek() == ")":
         scan.pos += 1
     else:
         while True:
-            if len(lists) == 2:
-                raise scan.fail("more than two mode lists; give at most [input modes], [output modes]")
-            lists.append(_parse_list(scan))
+            _parse_item(scan, lists, rules)
             scan.skip_ws()
             char = scan.peek()
             if char == ",":
@@ -105,7 +116,38 @@ def parse_entry_parts(text: str) -> Tuple[str, Tuple[str, ...], Tuple[str, ...]]
         raise scan.fail(f"unexpected text {scan.text[scan.pos :]!r} after the closing ')'")
     while len(lists) < 2:
         lists.append(())
-    return name, lists[0], lists[1]
+    return name, lists[0], lists[1], tuple(rules)
+
+
+def _parse_item(scan: _Scanner, lists: List[Tuple[str, ...]], rules: List[Tuple[str, RuleValue]]) -> None:
+    """One item inside the parentheses: a mode list (at most two, first) or a ``key=value`` rule."""
+    if scan.peek() == "[" or not scan.peek():
+        if rules:
+            raise scan.fail("mode lists must come before the key=value rules")
+        if len(lists) == 2:
+            raise scan.fail("more than two mode lists; give at most [input modes], [output modes]")
+        lists.append(_parse_list(scan))
+        return
+    column = scan.pos + 1
+    key = scan.take(_RULE_KEY_RE)
+    scan.skip_ws()
+    if key is None or scan.peek() != "=":
+        raise scan.fail(
+            f"expected '[' to open a mode list or a key=value rule, found {scan.text[scan.pos :]!r}"
+        )
+    scan.pos += 1
+    scan.skip_ws()
+    if scan.peek() == "[":
+        value: RuleValue = _parse_tokens(scan)
+    else:
+        value = scan.take(_TOKEN_RE) or ""
+        if not value:
+            raise scan.fail(f"rule {key!r} has no value; expected {RULE_SYNTAX}")
+    try:
+        check_rule(key, value)
+    except RuleError as err:
+        raise EntryError(str(err), column) from None
+    rules.append((key, value))
 
 
 def _parse_list(scan: _Scanner) -> Tuple[str, ...]:
@@ -113,12 +155,28 @@ def _parse_list(scan: _Scanner) -> Tuple[str, ...]:
         if not scan.peek():
             raise scan.fail("unbalanced brackets: missing ')' at the end")
         raise scan.fail(f"expected '[' to open a mode list, found {scan.text[scan.pos :]!r}")
+    modes = []
+    for token, column in _bracket_tokens(scan):
+        if token not in MODES:
+            close = difflib.get_close_matches(token.lower(), MODES, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise EntryError(f"unknown mode {token!r}{hint}; valid modes: {', '.join(MODES)}", column)
+        modes.append(token)
+    return tuple(modes)
+
+
+def _parse_tokens(scan: _Scanner) -> Tuple[str, ...]:
+    return tuple(token for token, _ in _bracket_tokens(scan))
+
+
+def _bracket_tokens(scan: _Scanner) -> List[Tuple[str, int]]:
+    """The comma-separated tokens of ``[a, b]`` with their columns; the cursor ends after ``]``."""
     scan.pos += 1
     scan.skip_ws()
-    modes: List[str] = []
+    tokens: List[Tuple[str, int]] = []
     if scan.peek() == "]":
         scan.pos += 1
-        return ()
+        return tokens
     while True:
         column = scan.pos + 1
         token = scan.take(_TOKEN_RE)
@@ -126,11 +184,7 @@ def _parse_list(scan: _Scanner) -> Tuple[str, ...]:
             if not scan.peek():
                 raise scan.fail("unbalanced brackets: missing ']' at the end")
             raise scan.fail(f"expected a mode ({', '.join(MODES)}), found {scan.text[scan.pos :]!r}")
-        if token not in MODES:
-            close = difflib.get_close_matches(token.lower(), MODES, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise EntryError(f"unknown mode {token!r}{hint}; valid modes: {', '.join(MODES)}", column)
-        modes.append(token)
+        tokens.append((token, column))
         scan.skip_ws()
         char = scan.peek()
         if char == ",":
@@ -139,7 +193,7 @@ def _parse_list(scan: _Scanner) -> Tuple[str, ...]:
             continue
         if char == "]":
             scan.pos += 1
-            return tuple(modes)
+            return tokens
         if not char:
             raise scan.fail("unbalanced brackets: missing ']' at the end")
         if char == ")":
@@ -150,11 +204,11 @@ def _parse_list(scan: _Scanner) -> Tuple[str, ...]:
 def parse_entry(text: str, source: str = "", line: int = 0, bundled: bool = False) -> ArgModes:
     """Parse one entry string into :class:`ArgModes`; raises :class:`MappingError`."""
     try:
-        name, inputs, outputs = parse_entry_parts(text)
+        name, inputs, outputs, rules = parse_entry_parts(text)
     except EntryError as err:
         where = f"{source}:{line}: " if source else ""
         raise MappingError(f"{where}bad entry {text!r}: {err}; expected {ENTRY_SYNTAX}") from None
-    return ArgModes(name, inputs, outputs, source=source, line=line, bundled=bundled)
+    return ArgModes(name, inputs, outputs, rules, source=source, line=line, bundled=bundled)
 
 
 def parse_mapping_text(text: str, source: str = "<string>", bundled: bool = False) -> LayerMapping:
@@ -240,12 +294,12 @@ def _section(section: str, node: yaml.Node, source: str, bundled: bool) -> Dict[
             )
         text = value_node.value
         try:
-            name, inputs, outputs = parse_entry_parts(text)
+            name, inputs, outputs, rules = parse_entry_parts(text)
         except EntryError as err:
             raise MappingError(
                 f"{source}:{line}: {section}: {child!r}: bad entry {text!r}: {err}; expected {ENTRY_SYNTAX}"
             ) from None
-        entries[child] = ArgModes(name, inputs, outputs, source=source, line=line, bundled=bundled)
+        entries[child] = ArgModes(name, inputs, outputs, rules, source=source, line=line, bundled=bundled)
     return entries
 
 

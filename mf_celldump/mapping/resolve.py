@@ -10,8 +10,8 @@ import logging
 import os
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from mf_celldump.mapping.bundled import bundled_classes, bundled_names, load_bundled
-from mf_celldump.mapping.model import ArgModes, LayerMapping, MappingError, merge
+from mf_celldump.mapping.bundled import bundled_classes, bundled_name_of, bundled_names, load_bundled
+from mf_celldump.mapping.entries import ArgModes, LayerMapping, MappingError, merge
 from mf_celldump.mapping.parser import load_mapping_file
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,12 @@ def resolve_mapping(specs: Tuple[str, ...], class_names: Optional[Set[str]] = No
         elif spec in known:
             bundled_order.append(spec)
         elif os.path.exists(spec):
-            user_files.append(spec)
+            same = bundled_name_of(spec)
+            if same is not None:
+                logger.info("layer_mapping: %s is the bundled mapping %r", spec, same)
+                bundled_order.append(same)
+            else:
+                user_files.append(spec)
         else:
             raise MappingError(
                 f"layer_mapping: {spec!r} is neither a bundled mapping nor an existing file; bundled names: "

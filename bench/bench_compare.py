@@ -1,0 +1,203 @@
+"""Benchmark of ``mf-celldump compare`` beside ``msprobe compare`` on the same pair of dumps.
+
+A pair of LLaMA-shaped tensor dumps in msprobe's layout (``step0/rank/dump.json`` one entry
+per line, ``construct.json``, ``stack.json``, ``dump_tensor_data/*.npy`` of 64x64 float32)
+is written for each size (number of tensor files per dump); the target differs from the
+baseline by a small perturbation from the middle layer on. Each command runs in its own
+process, ``--repeat`` times interleaved (fastest wall time kept; the machine may be
+shared); peak RSS is the process's VmHWM (msprobe: with its worker children).
+
+* ours     ``mf-celldump compare TARGET BASELINE -o OUT --json`` (CSV + PNG included)
+* msprobe  ``msprobe compare -tp TARGET/step0 -gp BASELINE/step0 -o OUT`` (its CSV)
+
+Run from the repository root:
+
+    python bench/bench_compare.py                         # sizes 2000 and 10000, msprobe on both
+    python bench/bench_compare.py --sizes 100000 --no-msprobe   # memory at 100k files per dump
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+SHAPE = (64, 64)
+TENSORS_PER_ENTRY = 2  # one input, one output
+CELLS = (
+    "input_layernorm",
+    "attention.wq",
+    "attention.wk",
+    "attention.wv",
+    "attention.wo",
+    "post_norm",
+    "mlp.w1",
+    "mlp.w3",
+    "mlp.w2",
+)
+MSPROBE = (
+    "import sys, mindspore\nfrom msprobe.msprobe import main\nsys.argv = ['msprobe'] + sys.argv[1:]\nmain()"
+)
+
+
+def write_pair(root: str, files: int) -> None:
+    """Target and baseline dumps with ``files`` tensor files each (forward and backward entries)."""
+    entries = files // TENSORS_PER_ENTRY
+    layers = max(1, entries // (2 * len(CELLS)))
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(SHAPE).astype(np.float32)
+    for side in ("baseline", "target"):
+        folder = os.path.join(root, side, "step0", "rank")
+        data_dir = os.path.join(folder, "dump_tensor_data")
+        os.makedirs(data_dir)
+        names = []
+        with open(os.path.join(folder, "dump.json"), "w", encoding="utf-8") as out:
+            out.write(
+                f'{{"task": "tensor", "level": "L0", "framework": "mindspore", '
+                f'"dump_data_dir": {json.dumps(data_dir)}, "data": {{\n'
+            )
+            count = 0
+            for direction in ("forward", "backward"):
+                order = range(layers) if direction == "forward" else reversed(range(layers))
+                for layer in order:
+                    for cell in CELLS:
+                        if count >= entries:
+                            break
+                        scale = 1.0 + (1e-2 if side == "target" and layer >= layers // 2 else 0.0)
+                        name = f"Cell.model.layers.{layer}.{cell}.Linear.{direction}.0"
+                        body = _entry(data_dir, name, base * scale, layer)
+                        out.write(("," if count else "") + json.dumps(name) + ": " + json.dumps(body) + "\n")
+                        names.append(name)
+                        count += 1
+            out.write("}}\n")
+        for file_name, content in (("construct.json", {n: None for n in names}), ("stack.json", {})):
+            with open(os.path.join(folder, file_name), "w", encoding="utf-8") as handle:
+                json.dump(content, handle)
+
+
+def _entry(data_dir: str, name: str, array: np.ndarray, layer: int) -> dict:
+    body = {"input_args": [], "input_kwargs": {}, "output": []}
+    for kind, key in (("input", "input_args"), ("output", "output")):
+        value = array + np.float32(layer)
+        file_name = f"{name}.{kind}.0.npy"
+        np.save(os.path.join(data_dir, file_name), value)
+        body[key].append(
+            {
+                "type": "mindspore.Tensor",
+                "dtype": "Float32",
+                "shape": list(SHAPE),
+                "Max": float(value.max()),
+                "Min": float(value.min()),
+                "Mean": float(value.mean()),
+                "Norm": float(np.linalg.norm(value)),
+                "data_name": file_name,
+            }
+        )
+    return body
+
+
+def run(command, cwd: str) -> dict:
+    """Wall time and peak RSS (this child and its children) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{command[:3]} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+    return {
+        "wall_s": round(wall, 2),
+        "peak_rss_mb": round(max(peak_kb, before) / 1024, 1),
+        "rc": proc.returncode,
+    }
+
+
+def measure(root: str, size: int, repeat: int, with_msprobe: bool) -> dict:
+    target, baseline = os.path.join(root, "target"), os.path.join(root, "baseline")
+    commands = {
+        "ours": [
+            sys.executable,
+            "-m",
+            "mf_celldump.cli",
+            "compare",
+            target,
+            baseline,
+            "-o",
+            os.path.join(root, "out_ours"),
+            "--json",
+        ]
+    }
+    if with_msprobe:
+        commands["msprobe"] = [
+            sys.executable,
+            "-c",
+            MSPROBE,
+            "compare",
+            "-tp",
+            os.path.join(target, "step0"),
+            "-gp",
+            os.path.join(baseline, "step0"),
+            "-o",
+            os.path.join(root, "out_msprobe"),
+        ]
+    best: dict = {}
+    for _ in range(repeat):
+        for tool, command in commands.items():  # separate processes: RUSAGE_CHILDREN is per-parent max
+            result = json.loads(
+                subprocess.run(
+                    [sys.executable, __file__, "--one", json.dumps(command)],
+                    capture_output=True,
+                    text=True,
+                    cwd=root,
+                    check=True,
+                ).stdout
+            )
+            if tool not in best or result["wall_s"] < best[tool]["wall_s"]:
+                best[tool] = result
+            shutil.rmtree(os.path.join(root, f"out_{tool}"), ignore_errors=True)
+    row = {
+        "files_per_dump": size,
+        **{f"{k}_{m}": v[m] for k, v in best.items() for m in ("wall_s", "peak_rss_mb")},
+    }
+    if "msprobe" in best:
+        row["speedup"] = round(best["msprobe"]["wall_s"] / best["ours"]["wall_s"], 2)
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 10000])
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--no-msprobe", action="store_true")
+    parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run(json.loads(args.one), os.getcwd())))
+        return 0
+    rows = []
+    for size in args.sizes:
+        work = tempfile.mkdtemp(prefix="bench_compare_", dir=args.work)
+        try:
+            start = time.perf_counter()
+            write_pair(work, size)
+            print(f"wrote 2 x {size} files in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            rows.append(measure(work, size, args.repeat, not args.no_msprobe))
+            print(json.dumps(rows[-1]), flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""``mf-celldump anomalies DUMP``: the first NaN/Inf (or value past a magnitude) in execution order.
+
+Works from the statistics every record carries (Max, Min, Mean, Norm, and nan_count /
+inf_count when dumped), so statistics-task dumps are covered and no tensor is loaded.
+Per step and rank the first anomalous cell is found in execution order, forward before
+backward, descending into the earliest anomalous descendant as the compare report does
+(so a dumper listing parents first still names the innermost cell). Across ranks, the
+earliest step wins, then forward before backward and the earlier position; ranks tied
+there are all named. Exit codes: 0 nothing found, 1 anomalies, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from mf_celldump.compare.reader import DumpError, DumpJson, find_rank_dumps
+from mf_celldump.compare.slots import parse_entry_name, tensor_slots
+from mf_celldump.config import ConfigError, IndexSelection
+
+EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@dataclass
+class Finding:
+    step: Optional[int]
+    rank: str
+    direction: str
+    pos: int
+    entry: str
+    cell: str
+    slots: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def order(self) -> tuple:
+        return (self.step if self.step is not None else -1, 0 if self.direction == "forward" else 1, self.pos)
+
+    @property
+    def note(self) -> str:
+        if any(s["slot"].startswith("param.") for s in self.slots):
+            return "one of its own weights is bad"
+        inputs = [s for s in self.slots if s["slot"].startswith(("input", "kwarg"))]
+        if self.direction == "forward" and inputs:
+            return "its inputs are already bad: produced between cells, in its parent's code"
+        return ""
+
+
+def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[str]:
+    """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics."""
+    values = [_float(record.get(k)) for k in ("Max", "Min", "Mean", "Norm")]
+    if any(v is not None and math.isnan(v) for v in values) or _count(record, "nan_count"):
+        return "nan"
+    if any(v is not None and math.isinf(v) for v in values) or _count(record, "inf_count"):
+        return "inf"
+    extremes = [abs(v) for v in values[:2] if v is not None]
+    if max_abs is not None and extremes and max(extremes) > max_abs:
+        return "large"
+    return None
+
+
+def _float(value) -> Optional[float]:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _count(record, key) -> bool:
+    value = _float(record.get(key))
+    return bool(value and value > 0)
+
+
+def scan_rank(dump_json: str, step: Optional[int], rank: str, max_abs: Optional[float]) -> Dict[str, Any]:
+    """First anomaly per direction of one rank folder (streamed), and how many tensors are anomalous."""
+    current: Dict[str, Finding] = {}
+    counts = {"nan": 0, "inf": 0, "large": 0}
+    for pos, (name, body) in enumerate(DumpJson(dump_json).entries()):
+        parsed = parse_entry_name(name)
+        if parsed is None:
+            continue
+        bad = []
+        for slot, record in tensor_slots(parsed.direction, body, parameters=True):
+            kind = slot_anomaly(record, max_abs)
+            if kind:
+                counts[kind] += 1
+                bad.append({"slot": slot, "kind": kind, "Max": record.get("Max"), "Min": record.get("Min")})
+        if not bad:
+            continue
+        found = current.get(parsed.direction)
+        if found is None or parsed.cell.startswith(found.cell + "."):
+            current[parsed.direction] = Finding(step, rank, parsed.direction, pos, name, parsed.cell, bad)
+    first = current.get("forward") or current.get("backward")
+    return {"step": step, "rank": rank, "first": first, "counts": counts}
+
+
+def scan(path: str, steps: IndexSelection, ranks: IndexSelection, max_abs: Optional[float]) -> Dict[str, Any]:
+    results = []
+    for dump in find_rank_dumps(path):
+        if (dump.step is not None and dump.step not in steps) or (dump.rank or 0) not in ranks:
+            continue
+        results.append(scan_rank(dump.dump_json, dump.step, dump.label.rpartition("/")[2], max_abs))
+    if not results:
+        raise DumpError(f"{path}: no rank folder matches steps {steps.describe()}, ranks {ranks.describe()}")
+    bad = [r["first"] for r in results if r["first"] is not None]
+    earliest = min((f.order[:2] for f in bad), default=None)
+    first_ranks = []
+    if earliest is not None:
+        candidates = [f for f in bad if f.order[:2] == earliest]
+        best = min(f.pos for f in candidates)
+        first_ranks = [f for f in candidates if f.pos == best] or candidates
+    return {"ranks": results, "first": first_ranks}
+
+
+def add_cli(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "anomalies",
+        help="find the first NaN/Inf (or too large value) in execution order",
+        description="Scan a dump (ours or msprobe's, tensor or statistics task) for NaN, Inf and, with "
+        "--max-abs, values whose magnitude exceeds it. Exit 0 nothing found, 1 found, 2 bad input.",
+    )
+    parser.add_argument("dump", metavar="DUMP", help="dump root, step folder or rank folder")
+    parser.add_argument("--max-abs", type=float, default=None, help="also report |values| above this")
+    parser.add_argument("--steps", default="all")
+    parser.add_argument("--ranks", default="all")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=run_anomalies)
+    return parser
+
+
+def run_anomalies(args: argparse.Namespace, out=None) -> int:
+    out = out or sys.stdout
+    try:
+        result = scan(
+            args.dump,
+            IndexSelection.parse(args.steps, "--steps"),
+            IndexSelection.parse(args.ranks, "--ranks"),
+            args.max_abs,
+        )
+    except (DumpError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    code = EXIT_FOUND if result["first"] else EXIT_OK
+    if args.json:
+        print(json.dumps(_json(result, code), indent=1, default=str), file=out)
+    else:
+        print(_text(result), file=out)
+    return code
+
+
+def _json(result, code) -> dict:
+    def finding(item: Optional[Finding]):
+        return None if item is None else dict(asdict(item), note=item.note)
+
+    return {
+        "first": [finding(f) for f in result["first"]],
+        "ranks": [dict(r, first=finding(r["first"])) for r in result["ranks"]],
+        "exit_code": code,
+    }
+
+
+def _text(result) -> str:
+    lines = []
+    for item in result["ranks"]:
+        where = f"step {item['step'] if item['step'] is not None else '-'} {item['rank']}"
+        first: Optional[Finding] = item["first"]
+        if first is None:
+            lines.append(f"{where}: no anomaly")
+            continue
+        counts = ", ".join(f"{n} {k}" for k, n in item["counts"].items() if n)
+        lines.append(f"{where}: {counts} tensors; first: {first.direction} {first.entry}")
+        lines.extend(f"    {s['slot']}: {s['kind']} (Max {s['Max']}, Min {s['Min']})" for s in first.slots)
+        if first.note:
+            lines.append(f"    note: {first.note}")
+    if result["first"]:
+        names = "; ".join(f"step {f.step} {f.rank}: {f.direction} {f.entry}" for f in result["first"])
+        lines.append(f"FIRST ANOMALY across ranks: {names}")
+    else:
+        lines.append("no NaN, Inf or out-of-range value found")
+    return "\n".join(lines)

@@ -1,0 +1,372 @@
+"""``mf-celldump compare`` and ``anomalies`` parts on small dumps written here in msprobe's layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from mf_celldump.cli import main as celldump_main
+from mf_celldump.compare import metrics, reader, transforms
+from mf_celldump.compare.pairing import map_slot
+from mf_celldump.mapping.compare_rules import CompareRules, Split, parse_rules
+
+
+def tensor(array, data_name=None, dtype="Float32"):
+    array = np.asarray(array, dtype=np.float32)
+    record = {
+        "type": "mindspore.Tensor",
+        "dtype": dtype,
+        "shape": list(array.shape),
+        "Max": float(np.max(array)),
+        "Min": float(np.min(array)),
+        "Mean": float(np.mean(array)),
+        "Norm": float(np.linalg.norm(array)),
+    }
+    if data_name:
+        record["data_name"] = data_name
+    return record
+
+
+def write_dump(root, entries, task="tensor", indent=None, rank="rank", step=0, framework="mindspore"):
+    """``entries``: name -> {"in": [arrays], "out": [arrays]} in dump order."""
+    folder = os.path.join(root, f"step{step}", rank)
+    data_dir = os.path.join(folder, "dump_tensor_data")
+    os.makedirs(data_dir, exist_ok=True)
+    data = {}
+    for name, spec in entries.items():
+        body = {"input_args": [], "input_kwargs": {}, "output": []}
+        for key, field in (("in", "input_args"), ("out", "output")):
+            for i, array in enumerate(spec.get(key, ())):
+                kind = "input" if key == "in" else "output"
+                file_name = f"{name}.{kind}.{i}.npy" if task == "tensor" else None
+                if file_name:
+                    np.save(os.path.join(data_dir, file_name), np.asarray(array, dtype=np.float32))
+                body[field].append(tensor(array, file_name))
+        data[name] = body
+    doc = {
+        "task": task,
+        "level": "L0",
+        "framework": framework,
+        "dump_data_dir": data_dir if task == "tensor" else None,
+        "data": data,
+    }
+    with open(os.path.join(folder, "dump.json"), "w", encoding="utf-8") as handle:
+        json.dump(doc, handle, indent=indent)
+    return folder
+
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((2, 3, 4))
+
+
+def chain(scale_child=1.0, parents_first=True):
+    """A tiny two-level net: ``block`` (parent) with children ``block.fc1`` then ``block.fc2``."""
+    fc1 = X * 2
+    fc2 = fc1 * scale_child
+    child1 = ("Cell.block.fc1.Dense.forward.0", {"in": [X], "out": [fc1]})
+    child2 = ("Cell.block.fc2.Dense.forward.0", {"in": [fc1], "out": [fc2]})
+    parent = ("Cell.block.Block.forward.0", {"in": [X], "out": [fc2]})
+    order = [parent, child1, child2] if parents_first else [child1, child2, parent]
+    return dict(order)
+
+
+# --- reader -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("indent", [None, 1])
+def test_reader_streams_both_layouts_across_tiny_chunks(tmp_path, monkeypatch, indent):
+    folder = write_dump(str(tmp_path), chain(), indent=indent)
+    with open(os.path.join(folder, "dump.json"), encoding="utf-8") as handle:
+        expected = json.load(handle)
+    monkeypatch.setattr(reader, "CHUNK", 7)  # every token crosses a refill
+    dump = reader.DumpJson(os.path.join(folder, "dump.json"))
+    assert dump.framework == "mindspore" and dump.task == "tensor"
+    assert dict(dump.entries()) == expected["data"]
+
+
+def test_reader_reads_keys_after_data_and_reports_bad_json(tmp_path):
+    path = tmp_path / "dump.json"
+    path.write_text('{"data": {"Cell.a.A.forward.0": {"output": []}}, "task": "statistics"}')
+    dump = reader.DumpJson(str(path))
+    assert list(dump.entries()) == [("Cell.a.A.forward.0", {"output": []})] and dump.task == "statistics"
+    path.write_text('{"task": "tensor", "data": {"Cell.a.A.forward.0": {"output": [')
+    with pytest.raises(reader.DumpError) as err:
+        list(reader.DumpJson(str(path)).entries())
+    assert str(path) in str(err.value) and "invalid JSON" in str(err.value)
+
+
+def _peak_streaming(path, entries):
+    record = tensor(np.ones(3), "x.npy")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write('{"task": "tensor", "level": "L0", "framework": "mindspore", "data": {\n')
+        for i in range(entries):
+            body = {"input_args": [record], "input_kwargs": {}, "output": [record]}
+            handle.write(f'{"," if i else ""}"Cell.l{i}.Dense.forward.0": {json.dumps(body)}\n')
+        handle.write("}}")
+    tracemalloc.start()
+    count = sum(1 for _ in reader.DumpJson(str(path)).entries())
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert count == entries
+    return peak, os.path.getsize(path)
+
+
+def test_reader_memory_does_not_grow_with_the_file(tmp_path):
+    small, _ = _peak_streaming(tmp_path / "small.json", 12000)
+    large, size = _peak_streaming(tmp_path / "large.json", 30000)
+    assert size > 10_000_000
+    assert large < 1.2 * small + 200_000, (small, large)  # a few read chunks, whatever the file size
+    assert large < size / 2
+
+
+def test_find_rank_dumps_and_bad_paths(tmp_path):
+    write_dump(str(tmp_path / "d"), chain(), rank="rank0", step=3)
+    write_dump(str(tmp_path / "d"), chain(), rank="rank1", step=3)
+    found = reader.find_rank_dumps(str(tmp_path / "d"))
+    assert [(d.step, d.rank, d.label) for d in found] == [(3, 0, "step3/rank0"), (3, 1, "step3/rank1")]
+    assert len(reader.find_rank_dumps(str(tmp_path / "d" / "step3"))) == 2
+    with pytest.raises(reader.DumpError, match="no dump.json found"):
+        reader.find_rank_dumps(str(tmp_path))
+
+
+# --- transforms and metrics ---------------------------------------------------------------------------
+
+
+def test_qkv_split_per_query_group_and_chunks():
+    groups, heads, dim = 2, 4, 3
+    q = RNG.standard_normal((5, heads * dim))
+    k = RNG.standard_normal((5, groups * dim))
+    v = RNG.standard_normal((5, groups * dim))
+    per = heads // groups
+    fused = np.concatenate(
+        [
+            np.concatenate(
+                [
+                    q.reshape(5, groups, per * dim)[:, g],
+                    k.reshape(5, groups, dim)[:, g],
+                    v.reshape(5, groups, dim)[:, g],
+                ],
+                axis=-1,
+            )
+            for g in range(groups)
+        ],
+        axis=-1,
+    )
+    rules = parse_rules((("split", "qkv:q"),))
+    np.testing.assert_array_equal(transforms.to_target(fused, q.shape, rules, True, False, groups), q)
+    for part, want in (("k", k), ("v", v)):
+        got = transforms.to_target(
+            fused, want.shape, parse_rules((("split", f"qkv:{part}"),)), True, False, groups
+        )
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(transforms.NotComparable, match="--qkv-groups"):
+        transforms.to_target(fused, q.shape, rules, True, False, None)
+    gate_up = np.concatenate([q, q * 2], axis=-1)
+    silu = parse_rules((("split", "chunk:0/2"), ("act", "silu")))
+    np.testing.assert_allclose(transforms.to_target(gate_up, q.shape, silu, True, True), q / (1 + np.exp(-q)))
+
+
+def test_layout_swap_reshape_and_mismatch():
+    sbh = RNG.standard_normal((16, 2, 8))
+    rules = CompareRules(layout="sbh")
+    np.testing.assert_array_equal(
+        transforms.to_target(sbh, (2, 16, 8), rules, False, False), sbh.swapaxes(0, 1)
+    )
+    flat = transforms.to_target(sbh, (32, 8), rules, False, False)
+    np.testing.assert_array_equal(flat, sbh.swapaxes(0, 1).reshape(32, 8))
+    with pytest.raises(transforms.NotComparable, match="shape"):
+        transforms.to_target(sbh, (2, 16, 4), rules, False, False)
+    assert transforms.describe(CompareRules(layout="sbh", split=Split("chunk", "1", 2)), True, True) == (
+        "sbh->bsh, split chunk:1/2"
+    )
+
+
+def test_metrics_thresholds_and_overrides():
+    table = metrics.override(metrics.DEFAULT_THRESHOLDS, "bfloat16.cosine=0.9")
+    assert table["bfloat16"].cosine == 0.9 and table["float32"].cosine == 0.99999
+    table = metrics.override(table, "rel_err=0.5")
+    assert all(t.rel_err == 0.5 for t in table.values())
+    with pytest.raises(ValueError, match="KEY one of cosine, rel_err, stat_rel"):
+        metrics.override(table, "cos=1")
+    assert metrics.canonical_dtype("torch.bfloat16") == "bfloat16" == metrics.canonical_dtype("BFloat16")
+    limits = metrics.thresholds_for("Float32", "torch.bfloat16", metrics.DEFAULT_THRESHOLDS)
+    assert limits == metrics.DEFAULT_THRESHOLDS["bfloat16"]
+    f32 = metrics.DEFAULT_THRESHOLDS["float32"]
+    same = metrics.tensor_metrics(X, X, f32, exact=False)
+    assert same.cosine == 1.0 and same.rel_err == 0.0 and not same.diverged
+    scaled = metrics.tensor_metrics(X * 1.01, X, f32, exact=False)
+    assert scaled.cosine == pytest.approx(1.0) and scaled.diverged  # cosine misses a scale, rel_err does not
+    nan = X.copy()
+    nan[0, 0, 0] = np.nan
+    assert metrics.tensor_metrics(nan, X, f32, exact=False).diverged
+    assert not metrics.tensor_metrics(nan, nan, f32, exact=False).diverged
+    assert metrics.stats_metrics(tensor(X * 1.01), tensor(X), f32, exact=False).diverged
+
+
+def test_slot_rules():
+    rules = parse_rules((("in", ("hidden_states", "_")), ("split", "qkv:q")))
+    assert map_slot("input.0", "forward", rules) == ("kwarg.hidden_states", False, False, "")
+    assert map_slot("input.1", "forward", rules)[3].startswith("not compared")
+    assert map_slot("input.2", "forward", rules)[0] == "input.2"
+    assert map_slot("output.0", "forward", rules) == ("output.0", True, True, "")
+    assert map_slot("input.0", "backward", rules) == ("input.0", True, False, "")
+    assert "baseline records no gradient" in map_slot("output.0", "backward", rules)[3]
+    plain = parse_rules(())
+    assert map_slot("output.1", "backward", plain) == ("output.1", False, False, "")
+    assert "partial gradient" in map_slot("output.0", "backward", parse_rules((("split", "chunk:0/2"),)))[3]
+
+
+# --- the command --------------------------------------------------------------------------------------
+
+
+def run_json(capsys, *argv):
+    code = celldump_main([*argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("parents_first", [True, False])
+@pytest.mark.parametrize("task", ["tensor", "statistics"])
+def test_first_divergence_is_the_innermost_cell_in_either_order(tmp_path, capsys, parents_first, task):
+    write_dump(str(tmp_path / "a"), chain(1.0, parents_first), task=task)
+    write_dump(str(tmp_path / "b"), chain(1.5, parents_first), task=task)
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "b"), str(tmp_path / "a"), "-o", str(tmp_path / "o")
+    )
+    assert code == 1
+    first = result["first_divergence"]
+    assert first["name"] == "Cell.block.fc2.Dense.forward.0" and first["direction"] == "forward"
+    assert first["parents"] == [{"name": "Cell.block.Block.forward.0", "cell": "block", "status": "diverged"}]
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "p")
+    )
+    assert code == 0 and result["first_divergence"] is None
+    assert os.path.isfile(result["csv"])
+
+
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
+    write_dump(str(tmp_path / "a"), chain())
+    code = celldump_main(
+        ["compare", str(tmp_path / "missing"), str(tmp_path / "a"), "-o", str(tmp_path / "o")]
+    )
+    assert code == 2 and "missing: no such file or folder" in capsys.readouterr().err
+    code = celldump_main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--threshold", "x=1"])
+    assert code == 2 and "--threshold 'x=1'" in capsys.readouterr().err
+    write_dump(str(tmp_path / "b"), chain(), step=5)
+    write_dump(str(tmp_path / "b"), chain(), step=6)
+    code = celldump_main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--steps", "9"])
+    assert code == 2 and "has a partner" in capsys.readouterr().err
+    (tmp_path / "a" / "step0" / "rank" / "dump.json").write_text('{"data": {"Cell.x')
+    code = celldump_main(
+        ["compare", str(tmp_path / "a"), str(tmp_path / "b" / "step5"), "-o", str(tmp_path / "o")]
+    )
+    assert code == 2 and "invalid JSON" in capsys.readouterr().err
+
+
+def test_anomalies_across_ranks_and_magnitudes(tmp_path, capsys):
+    late, early = chain(), chain()
+    late["Cell.block.fc2.Dense.forward.0"]["out"] = [np.full((2, 2), np.nan)]
+    early["Cell.block.fc1.Dense.forward.0"]["out"] = [np.full((2, 2), np.inf)]
+    write_dump(str(tmp_path / "d"), late, task="statistics", rank="rank0")
+    write_dump(str(tmp_path / "d"), early, task="statistics", rank="rank1")
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
+    assert code == 1
+    (first,) = result["first"]
+    assert first["rank"] == "rank1" and first["entry"] == "Cell.block.fc1.Dense.forward.0"
+    assert first["slots"] == [{"slot": "output.0", "kind": "inf", "Max": float("inf"), "Min": float("inf")}]
+    per_rank = {r["rank"]: r["first"]["entry"] for r in result["ranks"]}
+    assert per_rank["rank0"] == "Cell.block.fc2.Dense.forward.0"
+    big = chain()
+    big["Cell.block.fc2.Dense.forward.0"]["out"] = [np.full((2, 2), 1e6)]
+    write_dump(str(tmp_path / "e"), big)
+    assert celldump_main(["anomalies", str(tmp_path / "e")]) == 0
+    assert "no NaN, Inf or out-of-range value found" in capsys.readouterr().out
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "e"), "--max-abs", "1e4")
+    assert code == 1 and result["first"][0]["slots"][0]["kind"] == "large"
+    assert celldump_main(["anomalies", str(tmp_path / "nothing")]) == 2
+
+
+def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
+    from mf_celldump.compare import tensors
+
+    folder = write_dump(str(tmp_path / "a"), chain())
+    data_dir = os.path.join(folder, "dump_tensor_data")
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.zeros(3))
+    with pytest.raises(tensors.TensorFileError, match="not a plain file name"):
+        tensors.data_path(data_dir, {"data_name": "../outside.npy"})
+    os.symlink(outside, os.path.join(data_dir, "link.npy"))
+    with pytest.raises(tensors.TensorFileError, match="symlink"):
+        tensors.data_path(data_dir, {"data_name": "link.npy"})
+    np.save(os.path.join(data_dir, "strings.npy"), np.array(["abc"]))
+    with pytest.raises(tensors.TensorFileError, match="not numbers"):
+        tensors.load(os.path.join(data_dir, "strings.npy"))
+    # in a comparison, a bad file is a pair that is not compared, with the reason
+    name = "Cell.block.fc1.Dense.forward.0.output.0.npy"
+    os.remove(os.path.join(data_dir, name))
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "o")
+    )
+    assert code == 0 and result["units"][0]["skipped"] == 1
+
+
+def test_steps_and_ranks_pair_by_number_and_select(tmp_path, capsys):
+    for step in (0, 1):
+        for rank in ("rank0", "rank1"):
+            write_dump(str(tmp_path / "base"), chain(), step=step, rank=rank)
+            bad = step == 1 and rank == "rank1"
+            write_dump(str(tmp_path / "run"), chain(1.5 if bad else 1.0), step=step, rank=rank)
+    out = str(tmp_path / "o")
+    code, result = run_json(capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out)
+    assert code == 1 and len(result["units"]) == 4
+    first = result["first_divergence"]
+    assert (first["step"], first["rank"], first["cell"]) == ("1", "rank1", "block.fc2")
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out, "--steps", "0"
+    )
+    assert code == 0 and [u["step"] for u in result["units"]] == ["0", "0"]
+    code, result = run_json(
+        capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out, "--ranks", "0"
+    )
+    assert code == 0 and {u["rank"] for u in result["units"]} == {"rank0"}
+
+
+def test_nothing_paired_is_bad_input_not_success(tmp_path, capsys):
+    write_dump(str(tmp_path / "a"), chain())
+    renamed = {name.replace("Cell.block.", "Cell.other."): body for name, body in chain().items()}
+    write_dump(str(tmp_path / "b"), renamed)
+    code = celldump_main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "o")])
+    captured = capsys.readouterr()
+    assert code == 2 and "NOTHING COMPARED" in captured.out
+    assert "no baseline cell at the mapped name" in captured.out and "mapping check" in captured.err
+    # with a mapping that renames block -> other, everything pairs
+    (tmp_path / "m.yaml").write_text("TopLayer:\n  block: other\n")
+    code = celldump_main(
+        [
+            "compare",
+            str(tmp_path / "a"),
+            str(tmp_path / "b"),
+            "-o",
+            str(tmp_path / "o"),
+            "--mapping",
+            str(tmp_path / "m.yaml"),
+        ]
+    )
+    assert code == 0 and "no divergence: all 6 compared pairs" in capsys.readouterr().out
+
+
+def test_anomalies_read_msprobe_parameters(tmp_path, capsys):
+    folder = write_dump(str(tmp_path / "d"), chain())
+    path = os.path.join(folder, "dump.json")
+    with open(path, encoding="utf-8") as handle:
+        doc = json.load(handle)
+    doc["data"]["Cell.block.fc2.Dense.forward.0"]["parameters"] = {"weight": tensor(np.full(3, np.nan))}
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(doc, handle)
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
+    (first,) = result["first"]
+    assert code == 1 and first["entry"] == "Cell.block.fc2.Dense.forward.0"
+    assert first["slots"][0]["slot"] == "param.weight" and first["note"] == "one of its own weights is bad"
