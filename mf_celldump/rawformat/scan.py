@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump.fsutil import child, read_bytes_inside
-from mf_celldump.rawformat import names
+from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.records import read_records
@@ -77,10 +77,15 @@ def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: 
         if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
             problems.append(f"{entry.path}: not a plain folder (symlink?); skipped")
             continue
-        step = manifest.global_step(folder_step)
+        raw_dir = child(root_real, rank_dir, entry.name)
+        step, complete = markers.raw_folder_state(manifest, folder_step, raw_dir)
         source = steps.setdefault(step, StepSource(step))
-        source.raw_dir = child(root_real, rank_dir, entry.name)
-        source.complete = os.path.isfile(os.path.join(source.raw_dir, names.STEP_DONE_FILE))
+        if source.raw_dir is not None:  # two folders claim the step (graph-mode TensorDump numbering)
+            kept, skipped = (source.raw_dir, raw_dir) if source.complete or not complete else (raw_dir, source.raw_dir)
+            problems.append(f"{skipped}: another raw folder ({kept}) holds step {step}; skipped")
+            if kept is source.raw_dir:
+                continue
+        source.raw_dir, source.complete = raw_dir, complete
 
 
 def _kbk_iterations(root_real: str, rank_dir: str, manifest: Manifest, steps: Dict[int, StepSource],
@@ -123,7 +128,7 @@ def list_step_files(step_dir: str, root_real: str) -> StepFiles:
     records_path = None
     for entry in os.scandir(step_dir):
         name = entry.name
-        if name == names.STEP_DONE_FILE:
+        if names.is_step_marker(name):
             continue
         out.names.append(name)
         if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
@@ -160,7 +165,7 @@ def _read_step_records(path: str, root_real: str, out: StepFiles) -> None:
 
 def step_folder_digest(step_dir: str) -> str:
     """The digest of a step folder as it is now (same value as ``StepFiles.digest`` of it)."""
-    listed = sorted(n for n in os.listdir(step_dir) if n != names.STEP_DONE_FILE)
+    listed = sorted(n for n in os.listdir(step_dir) if not names.is_step_marker(n))
     extra = {}
     if names.RECORDS_FILE in listed:
         extra[names.RECORDS_FILE] = os.path.getsize(os.path.join(step_dir, names.RECORDS_FILE))
