@@ -361,3 +361,17 @@ def test_mindspore_older_than_2_7_is_refused_at_attach(tmp_path, monkeypatch):
     with pytest.raises(AttachError, match=r"needs MindSpore 2\.7\.0 or later.*installed: MindSpore 2\.6\.0"):
         mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path)})
     assert not any(tmp_path.iterdir())
+
+
+def test_statistics_under_jit_level_o2_are_refused(tmp_path, monkeypatch):
+    """GE (jit_level O2) has no kernel-by-kernel dump; MindSpore would only warn and dump nothing."""
+    cn.set_mode("graph")
+    monkeypatch.setattr(ms.context, "get_jit_config", lambda: {"jit_level": "O2"})
+    emulator = AscendEmulator()
+    try:
+        with pytest.raises(AttachError, match="jit_level O2"):
+            mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path), "task": "statistics",
+                                               "backend": "kbk_statistics"}, primitives=emulator.primitives())
+    finally:
+        emulator.close()
+    assert emulator.environ == {}

@@ -110,6 +110,7 @@ class KbkStatisticsBackend(TensorDumpBackend):
         logger.info("kernel-by-kernel statistics dump configured: %s", json.dumps(dump_config["common_dump_settings"]))
 
     def begin_step(self, step: int, captured: bool) -> bool:
+        self._check_consecutive(step)
         if self.iteration != step:
             # SetInitialIteration re-pins the iteration (Parse() returns at once after the first call).
             logger.info("statistics dump iteration moved from %d to step %d", self.iteration, step)

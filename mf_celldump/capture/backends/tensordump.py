@@ -45,6 +45,7 @@ class TensorDumpBackend(CaptureBackend):
         self.graph_mode = False
         self.steps: Optional[GraphStepMap] = None
         self._send_failed = False
+        self._next_step: Optional[int] = None  # the step the previous one leads to
 
     @property
     def writes_later(self) -> bool:
@@ -79,12 +80,23 @@ class TensorDumpBackend(CaptureBackend):
             primitive.add_prim_attr("side_effect_io", False)
 
     def begin_step(self, step: int, captured: bool) -> bool:
-        if not self.graph_mode or not self.steps.realign(step, self.primitives.updates_sent()):
+        if not self.graph_mode:
+            return False
+        self._check_consecutive(step)
+        if not self.steps.realign(step, self.primitives.updates_sent()):
             return False
         logger.info("step %d begins at TensorDump graph step %d (not where the previous steps lead): "
                     "step folders re-mapped", step, self.primitives.updates_sent())
         self.primitives.tensordump_set_step(self.steps.mindspore_filter())
         return True
+
+    def _check_consecutive(self, step: int) -> None:
+        """Graph capture sees one step per callback; a jump usually means data sink with sink_size > 1."""
+        if self._next_step is not None and step != self._next_step:
+            logger.warning("step %d follows step %d: if one training callback covers several steps (data sink with "
+                           "sink_size > 1), each captured step folder holds all of them; use sink_size 1",
+                           step, self._next_step - 1)
+        self._next_step = step + 1
 
     def end_step(self, step: int, captured: bool) -> None:
         if not self.graph_mode:
