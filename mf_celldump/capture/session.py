@@ -115,6 +115,7 @@ class CellDump:
         self.dump_path = dump_path
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self.captured_steps: List[int] = []
+        self.processed_steps: List[int] = []  # by process(), whose outputs are in place
         self.cells: List[SelectedCell] = []
         self.backend: Optional[CaptureBackend] = None
         self.writer: Optional[RawWriter] = None
@@ -286,14 +287,16 @@ class CellDump:
 
     # -- processing ------------------------------------------------------------------------
     def wait_for_files(self, steps: Optional[Sequence[int]] = None, timeout: Optional[float] = None):
-        """Wait until MindSpore has written the captured ``steps`` (default: all captured); a ``StepsWait``.
+        """Wait until MindSpore has written the captured ``steps`` (default: those not processed yet); a ``StepsWait``.
 
         Returns at once for captures whose files are written during the step. ``timeout``
         defaults to ``processing.async_steps.DEFAULT_TIMEOUT_S``.
         """
         from mf_celldump.processing import async_steps
 
-        wanted = list(self.captured_steps if steps is None else steps)
+        if steps is None:
+            steps = [s for s in self.captured_steps if s not in self.processed_steps]
+        wanted = list(steps)
         if not self.writes_later or not wanted:
             return async_steps.StepsWait(ready=wanted)
         return async_steps.wait_for_steps(self.dump_path, self.rank, wanted, timeout=timeout)
@@ -311,6 +314,7 @@ class CellDump:
                               only_complete=True, observer=observer)
         if waited is not None:
             report.problems.extend(waited.problems(self.rank))
+        self.processed_steps.extend(o.step for o in report.processed if o.step not in self.processed_steps)
         return report
 
     def __enter__(self):

@@ -19,7 +19,6 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 from tqdm import tqdm
 
-from mf_celldump import naming
 from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.manifest import Manifest, ManifestError, load_manifest
 
@@ -47,11 +46,6 @@ class StepsWait:
         return [f"rank {rank} step {step}: {why}" for step, why in sorted(self.missing.items())]
 
 
-def _processed(dump_path: str, manifest: Manifest, step: int) -> bool:
-    out_rank = naming.output_rank_dir_name(manifest.rank, manifest.distributed)
-    return os.path.isfile(os.path.join(dump_path, naming.step_dir_name(step), out_rank, naming.DUMP_JSON))
-
-
 def _count_files(folder: str) -> int:
     try:
         with os.scandir(folder) as entries:
@@ -72,7 +66,7 @@ def _missing(rank_dir: str, manifest: Manifest, step: int, waited: float) -> str
 
 def wait_for_steps(dump_path: str, rank: int, steps: Iterable[int], timeout: Optional[float] = None,
                    progress: Optional[Progress] = None, show_bar: Optional[bool] = None) -> StepsWait:
-    """Wait up to ``timeout`` seconds until each of ``steps`` of ``rank`` is written (or already processed).
+    """Wait up to ``timeout`` seconds until MindSpore has written each of ``steps`` (not yet processed) of ``rank``.
 
     ``progress`` is called after each poll; ``show_bar`` None shows a tqdm bar on a terminal
     once the wait has lasted 2 s. Never raises for a missing step: it is named in the result.
@@ -91,7 +85,7 @@ def wait_for_steps(dump_path: str, rank: int, steps: Iterable[int], timeout: Opt
     try:
         while True:
             written = markers.written_steps(rank_dir)
-            now_ready = {s for s in wanted if s in written or _processed(dump_path, manifest, s)}
+            now_ready = {s for s in wanted if s in written}
             bar.update(len(now_ready - ready))
             ready = now_ready
             waited = time.monotonic() - start

@@ -98,6 +98,14 @@ class RawWriter:
             logger.warning("raw data of an earlier run was not processed; moved %s to %s (process it with "
                            "`mf-celldump process` from a copy holding its manifest, or delete it)", entry.name, aside)
 
+    def set_aside_kbk(self) -> None:
+        """Move an earlier run's unprocessed statistics dump aside: MindSpore appends to existing csv files."""
+        path = os.path.join(self.rank_dir, names.KBK_DIR)
+        if os.path.isdir(path) and not os.path.islink(path) and os.listdir(path):
+            aside = names.set_aside_dir_name(path, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            os.replace(path, aside)
+            logger.warning("statistics of an earlier run were not processed; moved %s to %s", path, aside)
+
     # -- writing -------------------------------------------------------------------
     def write_tensor(self, step: int, key: ProbeKey, array: np.ndarray, dtype_name: str, seq: int) -> None:
         """Save ``array`` under its raw name, atomically."""

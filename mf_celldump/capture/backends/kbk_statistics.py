@@ -85,6 +85,7 @@ class KbkStatisticsBackend(TensorDumpBackend):
         self.graph_mode = True
         check_jit_level()
         environ = self.primitives.environ
+        self.context.writer.set_aside_kbk()
         kbk_dir = os.path.abspath(self.context.writer.kbk_dir())
         check_dump_path(kbk_dir, self.context.writer.dump_path)
         check_dump_environment(environ)
