@@ -375,3 +375,42 @@ def test_statistics_under_jit_level_o2_are_refused(tmp_path, monkeypatch):
     finally:
         emulator.close()
     assert emulator.environ == {}
+
+
+def test_bfloat16_values_are_stored_as_float32_under_their_own_name(tmp_path):
+    """TensorDump saves bfloat16 as float32 data named ``bfloat16`` (tensordump_utils.cc SaveTensor2NPY)."""
+
+    class ToBf16(ms.nn.Cell):
+        def construct(self, x):
+            return ms.ops.cast(x * 3.0, ms.bfloat16)
+
+    class Net(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.to_bf16 = ToBf16()
+
+        def construct(self, x):
+            return ms.ops.cast(self.to_bf16(x), ms.float32).sum()
+
+    cn.set_mode("graph")
+    emulator = AscendEmulator()
+    x = ms.Tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
+    try:
+        dump = mf_celldump.attach(Net(), {"dump_path": str(tmp_path), "task": "tensor", "backend": "tensordump",
+                                          "data_mode": "forward"}, primitives=emulator.primitives())
+        with dump.step(0):
+            dump.network(x)
+        dump.detach()
+        report = dump.process(timeout=60)
+    finally:
+        emulator.close()
+    assert report.ok, report.summary()
+    names = [os.path.basename(p) for p in emulator.written_files]
+    assert any("_bfloat16_" in n for n in names), names
+    leaves, arrays = _output(str(tmp_path), 0)
+    leaf = leaves[("Cell.to_bf16.ToBf16.forward.0", "output", 0)]
+    assert leaf["dtype"] == "BFloat16"
+    array = arrays[leaf["data_name"]]
+    assert array.dtype == np.float32
+    want = (ms.Tensor(x.asnumpy() * 3.0).astype(ms.bfloat16)).astype(ms.float32).asnumpy()
+    np.testing.assert_array_equal(array, want)
