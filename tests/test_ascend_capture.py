@@ -414,3 +414,20 @@ def test_bfloat16_values_are_stored_as_float32_under_their_own_name(tmp_path):
     assert array.dtype == np.float32
     want = (ms.Tensor(x.asnumpy() * 3.0).astype(ms.bfloat16)).astype(ms.float32).asnumpy()
     np.testing.assert_array_equal(array, want)
+
+
+def test_without_processing_the_run_still_waits_for_mindspore_to_finish(tmp_path):
+    """The process may exit after training: MindSpore's writer must have finished by then."""
+    emulator = AscendEmulator(latency=0.01)
+    try:
+        _, summary = _run(tmp_path, {"task": "tensor", "backend": "tensordump", "steps": "0-1",
+                                     "process_on_train_end": False}, emulator, steps=2)
+        raw = os.path.join(tmp_path, fmt.RAW_ROOT, "rank0")
+        markers = sorted(n.split("_")[3] for d in _raw_step_folders(str(tmp_path))
+                         for n in os.listdir(os.path.join(raw, d)) if n.startswith("_td_done_g"))
+        assert markers == ["g0", "g1"], "the run returned before MindSpore had written every step"
+    finally:
+        emulator.close()
+    assert summary.problems == [] and _step_folders(str(tmp_path)) == []
+    assert _raw_step_folders(str(tmp_path)) == ["step0", "step1"]
+    assert "process_on_train_end is false" in summary.text()

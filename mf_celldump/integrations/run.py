@@ -169,6 +169,8 @@ class TrainingRun:
         self.summary.captured_steps = list(self.dump.captured_steps)
         if self.config.process_on_train_end:
             self._process_written(final=True, failed=failed)
+        elif self.dump.writes_later:
+            self._wait_unprocessed(failed)
         if self.dump.rank not in self.config.ranks:
             self.summary.notes.append(
                 f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured")
@@ -180,6 +182,13 @@ class TrainingRun:
         elif remaining:
             self.summary.notes.append("process_on_train_end is false: run `mf-celldump process "
                                       f"{self.dump.dump_path}` to produce the msprobe layout")
+
+    def _wait_unprocessed(self, failed: bool) -> None:
+        """Without processing, still let MindSpore finish writing before the process may exit."""
+        timeout = min(FAILED_RUN_WAIT_S, self.wait_timeout or FAILED_RUN_WAIT_S) if failed else self.wait_timeout
+        waited = self.dump.wait_for_files(timeout=timeout)
+        self.summary.problems.extend(waited.problems(self.dump.rank))
+        self.never_written.extend(waited.missing)
 
     def _process(self, steps) -> None:
         try:
