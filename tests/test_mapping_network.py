@@ -332,6 +332,18 @@ def test_cli_as_subprocess(tmp_path, command):
     assert result.returncode == 2 and "not found: nope.yaml" in result.stderr
 
 
+def _mindformers_has(relative_path: str) -> bool:
+    """Whether the installed MindFormers ships a file, without importing it (import writes ./output)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mindformers")
+    return spec is not None and spec.origin is not None and os.path.isfile(
+        os.path.join(os.path.dirname(spec.origin), relative_path))
+
+
+# MindFormers 1.6.0 has no mcore Qwen3 training model (and a tiny DeepSeek-V3 build crashes there).
+@pytest.mark.skipif(not _mindformers_has(os.path.join("models", "qwen3", "modeling_qwen3_train.py")),
+                    reason="this MindFormers has no mindformers.models.qwen3.modeling_qwen3_train (1.6.0 lacks it)")
 def test_bundled_mcore_matches_real_mcore_models(tmp_path):
     """tiny Qwen3 and DeepSeek-V3 (mcore) need a process each: they switch MindFormers to use_legacy=False."""
     procs = {

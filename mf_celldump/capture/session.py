@@ -18,13 +18,20 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from mf_celldump import __version__
-from mf_celldump.capture.backends import BackendContext, CaptureBackend, choose_backend, create_backend
+from mf_celldump.capture.backends import (
+    BackendContext,
+    BackendSetupError,
+    CaptureBackend,
+    choose_backend,
+    create_backend,
+)
 from mf_celldump.capture.construct_patch import InstalledConstruct, install
 from mf_celldump.capture.graph_wrapper import graph_construct
 from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
+from mf_celldump.capture.versions import mindspore_version_problem
 from mf_celldump.config import DumpConfig
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.mapping import ArgModes
@@ -44,11 +51,16 @@ class AttachError(RuntimeError):
 @dataclass(frozen=True)
 class StepEnd:
     """What ``end_step``/``abort_step`` finished: the step, whether raw data was written for it,
-    and whether it completed (False: training failed in it, its raw data stays unmarked)."""
+    and whether it completed (False: training failed in it, its raw data stays unmarked).
+
+    ``written_later``: MindSpore writes the step's raw files after the step (graph-mode
+    TensorDump); wait for them (``CellDump.wait_for_files``) before processing.
+    """
 
     step: int
     captured: bool
     completed: bool
+    written_later: bool = False
 
 
 def detect_rank() -> tuple:
@@ -97,7 +109,7 @@ class CellDump:
     """One attached capture. Use ``begin_step``/``end_step`` around each training step."""
 
     def __init__(self, network, model, config: DumpConfig, rank: int, distributed: bool,
-                 initial_step: int, dump_path: str):
+                 initial_step: int, dump_path: str, primitives=None):
         self.network = network
         self.model = model
         self.config = config
@@ -107,20 +119,25 @@ class CellDump:
         self.dump_path = dump_path
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self.captured_steps: List[int] = []
+        self.processed_steps: List[int] = []  # by process(), whose outputs are in place
         self.cells: List[SelectedCell] = []
         self.backend: Optional[CaptureBackend] = None
         self.writer: Optional[RawWriter] = None
         self.runtime = CaptureRuntime(rank_selected=rank in config.ranks)
         self.device = "CPU"
+        self.graph_mode = False
         self.attached = False
         self._installed: List[InstalledConstruct] = []
         self._running: Optional[int] = None  # the step between begin_step and end_step
+        self._primitives = primitives  # AscendPrimitives given to attach(), else None
+        # False when every selected step lies before initial_step (a resumed run): nothing is captured.
+        self.steps_remain = bool(config.steps.from_value(initial_step, 1))
 
     # -- attach / detach -----------------------------------------------------------------
     def _attach(self) -> None:
         import mindspore as ms
 
-        graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
+        graph_mode = self.graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
         self.device = ms.get_context("device_target")
         self.model.__dict__[_MARKER] = self
         self.attached = True
@@ -128,16 +145,25 @@ class CellDump:
             logger.info("rank %d is not in ranks=%s: nothing is captured on this rank",
                         self.rank, self.config.ranks.describe())
             return
+        if not self.steps_remain:
+            logger.info("steps=%s are all before the first step %d of this run: nothing is captured",
+                        self.config.steps.describe(), self.initial_step)
+            return
         choice = choose_backend(self.config, self.device, graph_mode)
         logger.info("capture backend: %s (%s)", choice.name, choice.reason)
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
-        self.backend = create_backend(choice.name, BackendContext(self.config, self.runtime, self.writer))
+        context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives)
+        self.backend = create_backend(choice.name, context)
         self.cells = select_cells(self.model, self.config)
-        self.backend.setup(self.initial_step)
         try:
+            self.backend.setup(self.initial_step)
+            if self.backend.writes_later:
+                self.writer.set_aside_earlier_steps()
             self._wrap_cells(graph_mode)
-        except BaseException:
+        except BaseException as err:
             self.detach()
+            if isinstance(err, BackendSetupError):
+                raise AttachError(f"{choice.name} capture: {err}") from None
             raise
         self.writer.write_manifest(self._manifest(graph_mode))
         logger.info("capturing %d cells of %s into %s (task=%s, data_mode=%s, steps=%s)",
@@ -162,10 +188,11 @@ class CellDump:
         details = {"tool_version": __version__, "config": self.config.to_dict(), "data_mode": self.config.data_mode,
                    "execution_mode": "graph" if graph_mode else "pynative", "device": self.device,
                    "mindspore_version": ms.__version__, "model_class": type(self.model).__name__}
+        fields = {"statistics": self.config.statistics}
+        fields.update(self.backend.manifest_fields())
         return Manifest(rank=self.rank, distributed=self.distributed, task=self.config.task,
-                        cells={s.cell_id: s.record for s in self.cells}, statistics=self.config.statistics,
-                        backend=self.backend.name, run_id=self.run_id, details=details,
-                        **self.backend.manifest_fields())
+                        cells={s.cell_id: s.record for s in self.cells}, backend=self.backend.name,
+                        run_id=self.run_id, details=details, **fields)
 
     def detach(self) -> None:
         """Restore every wrapped cell, stop capture ops still compiled into graphs, close files."""
@@ -192,32 +219,43 @@ class CellDump:
         return self._running
 
     def step_selected(self, step: int) -> bool:
-        return self.runtime.rank_selected and step in self.config.steps
+        return self.backend is not None and self.runtime.rank_selected and step in self.config.steps
+
+    @property
+    def writes_later(self) -> bool:
+        """True when MindSpore writes captured steps' files after the steps (graph-mode TensorDump)."""
+        return self.backend is not None and self.backend.writes_later
 
     def begin_step(self, step: int) -> Optional[StepEnd]:
         """Global step ``step`` (0-based) is about to run; ends a step still running (returned)."""
         ended = self.end_step()
         selected = self.attached and self.step_selected(step)
-        if selected:
+        if selected and not self.writes_later:
             self.writer.prepare_step(step)
         self.runtime.start_step(step, selected)
         self._running = step
+        if self.attached and self.backend is not None and self.backend.begin_step(step, self.runtime.active):
+            self.writer.write_manifest(self._manifest(self.graph_mode))
         return ended
 
     def end_step(self) -> Optional[StepEnd]:
-        """The running step's outputs are materialised: flush, mark its raw data complete."""
+        """The running step's outputs are materialised: flush, mark its raw data complete.
+
+        Every step that began is ended in the backend too, captured or not: graph-mode
+        backends move MindSpore's step counters there.
+        """
         if self._running is None:
             return None
         step, captured = self._running, self.runtime.active
-        if captured:
-            _synchronize(self.device)
-            self.backend.finish_step()
+        if self.backend is not None and self.attached:
+            self.backend.end_step(step, captured)
         self.runtime.stop_step()
         self._running = None
         if captured:
-            self.writer.finish_step(step)
+            if not self.writes_later:
+                self.writer.finish_step(step)
             self.captured_steps.append(step)
-        return StepEnd(step, captured, completed=True)
+        return StepEnd(step, captured, completed=True, written_later=captured and self.writes_later)
 
     def abort_step(self) -> Optional[StepEnd]:
         """Stop the running step without marking it complete (training failed in it).
@@ -227,6 +265,12 @@ class CellDump:
         if self._running is None:
             return None
         step, captured = self._running, self.runtime.active
+        if self.backend is not None and self.attached:
+            try:
+                self.backend.abort_step(step, captured)
+            except Exception as err:  # the training error is what matters; keep it visible
+                logger.warning("could not end step %d in the %s backend after the failure: %s", step,
+                               self.backend.name, err)
         self.runtime.stop_step()
         self._running = None
         return StepEnd(step, captured, completed=False)
@@ -246,12 +290,36 @@ class CellDump:
         self.end_step()
 
     # -- processing ------------------------------------------------------------------------
-    def process(self, steps: Optional[Sequence[int]] = None, observer=None):
-        """Turn this rank's complete raw steps into msprobe's layout (see processing)."""
+    def wait_for_files(self, steps: Optional[Sequence[int]] = None, timeout: Optional[float] = None):
+        """Wait until MindSpore has written the captured ``steps`` (default: those not processed yet); a ``StepsWait``.
+
+        Returns at once for captures whose files are written during the step. ``timeout``
+        defaults to ``processing.async_steps.DEFAULT_TIMEOUT_S``.
+        """
+        from mf_celldump.processing import async_steps
+
+        if steps is None:
+            steps = [s for s in self.captured_steps if s not in self.processed_steps]
+        wanted = list(steps)
+        if not self.writes_later or not wanted:
+            return async_steps.StepsWait(ready=wanted)
+        return async_steps.wait_for_steps(self.dump_path, self.rank, wanted, timeout=timeout)
+
+    def process(self, steps: Optional[Sequence[int]] = None, observer=None, timeout: Optional[float] = None):
+        """Turn this rank's complete raw steps into msprobe's layout (see processing).
+
+        Steps MindSpore writes after the fact are waited for first (up to ``timeout``);
+        the report names those still missing then.
+        """
         from mf_celldump.processing.driver import process_dump
 
-        return process_dump(self.dump_path, steps=steps, ranks=[self.rank], jobs=self.config.jobs,
-                            only_complete=True, observer=observer)
+        waited = self.wait_for_files(steps, timeout) if self.writes_later else None
+        report = process_dump(self.dump_path, steps=steps, ranks=[self.rank], jobs=self.config.jobs,
+                              only_complete=True, observer=observer)
+        if waited is not None:
+            report.problems.extend(waited.problems(self.rank))
+        self.processed_steps.extend(o.step for o in report.processed if o.step not in self.processed_steps)
+        return report
 
     def __enter__(self):
         return self
@@ -265,39 +333,25 @@ class CellDump:
         return f"<CellDump {state} rank={self.rank} cells={len(self.cells)} path={self.dump_path!r}>"
 
 
-def _synchronize(device: str) -> None:
-    """Wait for queued work (and so for capture ops) to finish before a step is marked done.
-
-    ``mindspore.runtime.synchronize()`` serves devices; on CPU it only logs "CPU device
-    is not supported", so there the PyNative executor's queue is drained instead.
-    """
-    try:
-        if device == "CPU":
-            try:
-                from mindspore.graph.api import _pynative_executor  # private, guarded
-            except ImportError:  # before MindSpore 2.9
-                from mindspore.common.api import _pynative_executor
-
-            _pynative_executor.sync()
-        else:
-            import mindspore as ms
-
-            ms.runtime.synchronize()
-    except (AttributeError, ImportError, RuntimeError) as err:  # older MindSpore: nothing to drain
-        logger.debug("synchronize skipped: %s", err)
-
-
 def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *,
            rank: Optional[int] = None, distributed: Optional[bool] = None,
-           initial_step: int = 0, output_dir: Optional[str] = None) -> CellDump:
+           initial_step: int = 0, output_dir: Optional[str] = None, primitives=None) -> CellDump:
     """Wrap every selected cell of ``network`` with capture ops; returns the handle.
 
     ``network`` may be the model or any training wrapper around it. Call this before
     the network's graph is compiled (wrapping after the first compile is ignored by
-    MindSpore until its compile cache is cleared).
+    MindSpore until its compile cache is cleared). ``initial_step`` is the global step
+    the run starts at (a resumed run); selected steps before it are not captured.
+    ``primitives``: an ``AscendPrimitives`` for the tensordump/kbk_statistics backends
+    (tests, platforms without the kernels); by default MindSpore's own.
     """
     config = DumpConfig.coerce(config)
+    import mindspore as ms
     from mindspore import nn
+
+    problem = mindspore_version_problem(ms.__version__)
+    if problem:
+        raise AttachError(problem)
 
     if not isinstance(network, nn.Cell):
         raise AttachError(f"attach() needs a mindspore.nn.Cell, got {type(network).__name__}")
@@ -312,10 +366,10 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
     rank = detected_rank if rank is None else rank
     distributed = detected_distributed if distributed is None else distributed
     dump_path = config.resolved_dump_path(output_dir)
-    if rank in config.ranks:
+    dump = CellDump(network, model, config, rank, distributed, initial_step, dump_path, primitives)
+    if rank in config.ranks and dump.steps_remain:
         problem = writable_dir_problem(dump_path, create=True)
         if problem:
             raise AttachError(f"dump_path {problem}")
-    dump = CellDump(network, model, config, rank, distributed, initial_step, dump_path)
     dump._attach()
     return dump

@@ -5,7 +5,11 @@ events into the four calls here: attach (once, whoever comes first: the compile 
 or the train-begin event), begin a step, end a step, finish. The step state itself
 lives in the attached ``CellDump`` (the one step state machine); this object reacts
 to what ``end_step`` says it finished: a captured, completed step is processed, a
-step cut short by a failure stays raw. At the end it detaches and logs a summary.
+step cut short by a failure stays raw. A step whose files MindSpore writes after the
+step (graph-mode TensorDump) is processed at a later step end once they are all there,
+never waited for on the step path; at the end of training the run waits for the rest
+(``processing.async_steps``, with a timeout and progress) and names what never came.
+At the end it detaches and logs a summary.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from typing import Any, List, Optional
 from mf_celldump.config import DumpConfig
 
 logger = logging.getLogger(__name__)
+
+# After a training failure the device may never finish: wait at most this long for files.
+FAILED_RUN_WAIT_S = 60.0
 
 
 @dataclass
@@ -72,11 +79,14 @@ class RunSummary:
 class TrainingRun:
     """Attach-once / step / finish logic shared by every trainer adapter."""
 
-    def __init__(self, config: DumpConfig):
+    def __init__(self, config: DumpConfig, wait_timeout: Optional[float] = None):
         self.config = config
         self.dump = None  # CellDump once attached
         self.finished = False
         self.summary = RunSummary()
+        self.wait_timeout = wait_timeout  # None: processing.async_steps.DEFAULT_TIMEOUT_S
+        self.written_later: List[int] = []  # captured steps whose files MindSpore is still writing
+        self.never_written: List[int] = []  # ... and those still incomplete when the wait at train end ran out
 
     @property
     def attached(self) -> bool:
@@ -106,8 +116,30 @@ class TrainingRun:
             self._ended(self.dump.end_step())
 
     def _ended(self, ended) -> None:
-        if ended is not None and ended.captured and ended.completed and self.config.process_on_train_end:
+        if ended is None or not (ended.captured and ended.completed and self.config.process_on_train_end):
+            return
+        if ended.written_later:
+            self.written_later.append(ended.step)
+            self._process_written(final=False)  # only what is complete already: the step path never waits
+        else:
             self._process([ended.step])
+
+    def _process_written(self, final: bool, failed: bool = False) -> None:
+        """Process the steps MindSpore has finished writing; ``final`` (train end): wait for the others
+        up to ``wait_timeout`` and name those it never finished."""
+        if not self.written_later:
+            return
+        timeout = self.wait_timeout if final else 0.0
+        if failed:
+            timeout = min(FAILED_RUN_WAIT_S, FAILED_RUN_WAIT_S if timeout is None else timeout)
+        waited = self.dump.wait_for_files(self.written_later, timeout=timeout)
+        if waited.ready:
+            self.written_later = [s for s in self.written_later if s not in waited.ready]
+            self._process(waited.ready)
+        if final and waited.missing:
+            self.summary.problems.extend(waited.problems(self.dump.rank))
+            self.never_written.extend(waited.missing)
+            self.written_later = []
 
     # -- end of training -----------------------------------------------------------------
     def finish(self, failed: bool = False) -> Optional[RunSummary]:
@@ -135,16 +167,28 @@ class TrainingRun:
             self._ended(self.dump.end_step())
         self.dump.detach()
         self.summary.captured_steps = list(self.dump.captured_steps)
+        if self.config.process_on_train_end:
+            self._process_written(final=True, failed=failed)
+        elif self.dump.writes_later:
+            self._wait_unprocessed(failed)
         if self.dump.rank not in self.config.ranks:
             self.summary.notes.append(
                 f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured")
-        remaining = [s for s in self.summary.captured_steps if s not in self.summary.processed_steps]
+        remaining = [s for s in self.summary.captured_steps
+                     if s not in self.summary.processed_steps and s not in self.never_written]
         if self.config.process_on_train_end:
             if remaining:  # e.g. processing failed earlier: try once more
                 self._process(remaining)
         elif remaining:
             self.summary.notes.append("process_on_train_end is false: run `mf-celldump process "
                                       f"{self.dump.dump_path}` to produce the msprobe layout")
+
+    def _wait_unprocessed(self, failed: bool) -> None:
+        """Without processing, still let MindSpore finish writing before the process may exit."""
+        timeout = min(FAILED_RUN_WAIT_S, self.wait_timeout or FAILED_RUN_WAIT_S) if failed else self.wait_timeout
+        waited = self.dump.wait_for_files(timeout=timeout)
+        self.summary.problems.extend(waited.problems(self.dump.rank))
+        self.never_written.extend(waited.missing)
 
     def _process(self, steps) -> None:
         try:

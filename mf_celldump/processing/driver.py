@@ -244,7 +244,11 @@ def process_dump(dump_path, steps: Union[IndexSelection, Iterable[int], None] = 
         runner.close()
         _release(locks)
     filtered = step_filter is not None or rank_filter is not None
-    if contexts and not raw_steps and not filtered and not report.problems and not has_output(root):
+    if contexts and not raw_steps and any(ctx.manifest.written_later for ctx in contexts):
+        # Graph-mode TensorDump: MindSpore writes step folders after the steps (processing/async_steps.py).
+        report.warnings.append("no raw step folder yet: MindSpore writes graph-mode TensorDump files after each "
+                               "step; run again once training has written them")
+    elif contexts and not raw_steps and not filtered and not report.problems and not has_output(root):
         raise EmptyDumpError(
             f"{root} holds capture manifests but no captured step (nothing was dumped for the selected "
             "steps/ranks); check the dump configuration's steps and ranks"

@@ -1,14 +1,17 @@
 """Ascend kernel-by-kernel statistics: captures from MindSpore's ``statistic.csv`` files.
 
-WRITTEN FROM MINDSPORE'S DOCUMENTATION, NOT VERIFIED ON ASCEND: the column names are
-those MindSpore documents for its statistics dump (``Op Type, Op Name, Task ID,
-Stream ID, Timestamp, IO, Slot, Data Size, Data Type, Shape, Max Value, Min Value,
-Avg Value, Count, ... NaN Count, Negative Inf Count, Positive Inf Count, ...,
-L2Norm Value, MD5``; which statistic columns appear depends on ``statistic_category``).
-The capture side names each TensorDump kernel with our dash-separated stem, which
-``names.find_kbk_stem`` finds inside ``Op Name``. The dumped tensor is the kernel's
-last input slot (the file-name argument, when it is an input, comes first).
-MindSpore's ``MD5`` column is a real MD5, not msprobe's CRC-32 ``md5``, so it is not used.
+Format from MindSpore's source (``mindspore/ccsrc/debug/utils.h`` csvHeaderComm and
+header_map, ``debugger_utils.cc`` Write2File, ``csv_writer.h`` WriteToCsv) and checked
+against the emulation in ``tests/ascend_emulation.py``, never against an NPU: a header
+``Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape`` plus
+one column per configured statistic (``Max Value``, ``Min Value``, ``Avg Value``,
+``L2Norm Value``, ...), every row ending with a comma, a timestamp per row. The capture
+side gives each TensorDump kernel ``td_flag``, so its ``Op Name`` is
+``{file input}|{scope}`` (``debug_actor.cc`` AscendKbkDump) and the file input ends with
+our dash-separated stem (``names.find_kbk_stem``). The dumped tensor is input slot 1
+(slot 0 is the file name), which is also the row msprobe 26.2 keeps. A row for input
+slot 1 that names no captured value is reported, never dropped silently. MindSpore's
+``MD5`` column is a real MD5, not msprobe's CRC-32 ``md5``, so it is not used.
 """
 
 from __future__ import annotations
@@ -83,50 +86,54 @@ def _kind_of(dtype_text: str) -> str:
     return "f"
 
 
-def _collect_rows(paths: List[str], out: KbkRead) -> Dict[Tuple[str, str, str, str], tuple]:
-    """(op name, task, stream, timestamp) -> (slot, first position, row, origin) of the tensor input."""
-    invocations: Dict[Tuple[str, str, str, str], tuple] = {}
-    position = [0]
-    for path in paths:
-        try:
-            with open_own_file(path, None) as raw:
-                handle = io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors="replace", newline="")
-                _collect_file(csv.DictReader(handle), path, invocations, position, out)
-        except (OSError, ValueError, csv.Error) as err:  # UnsafePathError is a ValueError
-            out.problems.append(f"{path}: unreadable statistic.csv ({str(err)[:300]}); its rows are not used")
-    return invocations
+TENSOR_SLOT = 1  # TensorDump(file, x): x is input 1
 
 
-def _collect_file(reader: csv.DictReader, path: str, invocations: dict, position: List[int], out: KbkRead) -> None:
+def _read_rows(path: str, file_index: int, out: KbkRead) -> List[tuple]:
+    """(timestamp, (file, line), row, origin) of every input-slot-1 row of one csv; a file we cannot
+    read safely (a link, not a plain file, bad encoding) is a problem and its rows are not used."""
+    try:
+        with open_own_file(path, None) as raw:
+            handle = io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors="replace", newline="")
+            return _rows_of(csv.DictReader(handle), path, file_index, out)
+    except (OSError, ValueError, csv.Error) as err:  # UnsafePathError is a ValueError
+        out.problems.append(f"{path}: unreadable statistic.csv ({str(err)[:300]}); its rows are not used")
+        return []
+
+
+def _rows_of(reader: csv.DictReader, path: str, file_index: int, out: KbkRead) -> List[tuple]:
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         out.problems.append(f"{path}: not a MindSpore statistic.csv (missing columns {', '.join(missing)})")
-        return
+        return []
     reader.fieldnames = header
+    rows = []
     for line, row in enumerate(reader, start=2):
-        position[0] += 1
-        if (row.get("IO") or "").strip().lower() != "input":
-            continue
+        if (row.get("IO") or "").strip().lower() != "input" or _int(row.get("Slot"), -1) != TENSOR_SLOT:
+            continue  # output rows, and the file-name input (slot 0)
         op_name = row.get("Op Name") or ""
         if find_kbk_stem(op_name) is None:
+            out.problems.append(
+                f"{path}:{line}: the row of kernel {op_name[:200]!r} names no value captured by "
+                "mf_celldump (a TensorDump without td_flag, or not ours); not attributed")
             continue
-        ident = (op_name, row.get("Task ID", ""), row.get("Stream ID", ""), row.get("Timestamp", ""))
-        slot, known = _int(row.get("Slot")), invocations.get(ident)
-        if known is None or slot > known[0]:
-            invocations[ident] = (slot, known[1] if known else position[0], row, f"{path}:{line}")
+        rows.append((_int(row.get("Timestamp")), (file_index, line), row, f"{path}:{line}"))
+    return rows
 
 
 def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int) -> KbkRead:
-    """Captures from all csv files of one iteration, in kernel execution order (Timestamp).
+    """Captures from all csv files of one iteration, in kernel execution order (Timestamp, then file order).
 
     A row whose values cannot be what MindSpore writes is a problem naming file and line;
     the other rows are used.
     """
     out = KbkRead()
-    invocations = _collect_rows(paths, out)
-    ordered = sorted(invocations.values(), key=lambda item: (_int(item[2].get("Timestamp")), item[1]))
-    for seq, (_, _, row, origin) in enumerate(ordered):
+    rows: List[tuple] = []
+    for file_index, path in enumerate(paths):
+        rows.extend(_read_rows(path, file_index, out))
+    rows.sort(key=lambda item: (item[0], item[1]))
+    for seq, (_, _, row, origin) in enumerate(rows):
         try:
             out.captures.append(_capture(row, origin, seq, first_order + seq, wanted))
         except (ValueError, OverflowError) as err:

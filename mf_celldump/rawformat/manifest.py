@@ -26,6 +26,14 @@ NUMBERING_GLOBAL = "global"
 NUMBERING_GRAPH = "graph"
 STEP_NUMBERINGS = (NUMBERING_GLOBAL, NUMBERING_GRAPH)
 
+# When a raw step folder is complete: "step_done" = capture wrote ``_step_done.json`` when
+# the step ended; "tensordump_marker" = MindSpore writes the step's files after the step
+# (graph-mode TensorDump) and the folder is complete once the step-done marker file
+# ``_td_done_g{G}_{dtype}_{id}.npy`` is in it, written after all of them; G is the global step.
+COMPLETION_STEP_DONE = "step_done"
+COMPLETION_TENSORDUMP = "tensordump_marker"
+STEP_COMPLETIONS = (COMPLETION_STEP_DONE, COMPLETION_TENSORDUMP)
+
 
 # Manifest fields (docs/raw-format.md is generated from this table).
 FIELDS = {
@@ -38,7 +46,10 @@ FIELDS = {
     "distributed": "bool: output folder rank{R} (true) or rank (false)",
     "step_numbering": f"'{NUMBERING_GLOBAL}': step folders are global steps; '{NUMBERING_GRAPH}': graph steps, "
                       "add graph_step_base",
-    "graph_step_base": "int: the global step at attach time",
+    "graph_step_base": "int: global step = folder step + graph_step_base (graph numbering)",
+    "step_completion": f"'{COMPLETION_STEP_DONE}' (default): a step folder is complete once it holds "
+                       f"_step_done.json; '{COMPLETION_TENSORDUMP}': MindSpore writes the folder after the step, "
+                       "and it is complete once it holds _td_done_g{G}_{dtype}_{id}.npy, which names its global step G",
     "cells": "list of {id, name, class, module, file, line, params}: params are construct's parameter names",
     "tool_version, config, data_mode, execution_mode, device, mindspore_version, model_class": "informative",
 }
@@ -75,9 +86,15 @@ class Manifest:
     backend: str = ""
     step_numbering: str = NUMBERING_GLOBAL
     graph_step_base: int = 0
+    step_completion: str = COMPLETION_STEP_DONE
     run_id: str = ""
     details: Dict[str, Any] = field(default_factory=dict)  # informative: config, versions, mode
     path: str = ""  # where it was read from ("" before it is written)
+
+    @property
+    def written_later(self) -> bool:
+        """True when MindSpore writes step folders after the step (a marker file says when they are complete)."""
+        return self.step_completion == COMPLETION_TENSORDUMP
 
     def global_step(self, folder_step: int) -> int:
         """Global step of a raw ``step{N}`` folder."""
@@ -93,7 +110,7 @@ class Manifest:
         out = {"format": FORMAT, "run_id": self.run_id, "task": self.task,
                "statistics": list(self.statistics), "backend": self.backend, "rank": self.rank,
                "distributed": self.distributed, "step_numbering": self.step_numbering,
-               "graph_step_base": self.graph_step_base}
+               "graph_step_base": self.graph_step_base, "step_completion": self.step_completion}
         out.update(self.details)
         out["cells"] = [c.to_json() for c in sorted(self.cells.values(), key=lambda c: c.cell_id)]
         return out
@@ -163,9 +180,18 @@ def _numbering(data: dict, path: str) -> Tuple[str, int]:
         raise ManifestError(f"{path}: invalid 'step_numbering' {_short(numbering)}; "
                             f"valid: {', '.join(STEP_NUMBERINGS)}")
     base = data.get("graph_step_base", 0)
-    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+    # Negative when a second capture in one process starts at a graph step past its global step.
+    if not isinstance(base, int) or isinstance(base, bool) or abs(base) > 10**15:
         raise ManifestError(f"{path}: invalid 'graph_step_base' {_short(base)}")
     return numbering, base
+
+
+def _completion(data: dict, path: str) -> str:
+    completion = data.get("step_completion", COMPLETION_STEP_DONE)
+    if completion not in STEP_COMPLETIONS:
+        raise ManifestError(f"{path}: invalid 'step_completion' {_short(completion)}; "
+                            f"valid: {', '.join(STEP_COMPLETIONS)}")
+    return completion
 
 
 def manifest_from_json(data: Any, path: str) -> Manifest:
@@ -181,7 +207,7 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
         raise ManifestError(f"{path}: invalid 'statistics' {_short(stats)}; valid names: {', '.join(STATISTICS)}")
     numbering, base = _numbering(data, path)
     known = {"format", "run_id", "task", "statistics", "backend", "rank", "distributed", "step_numbering",
-             "graph_step_base", "cells"}
+             "graph_step_base", "step_completion", "cells"}
     return Manifest(
         rank=_require(data, "rank", int, path),
         distributed=bool(data.get("distributed", False)),
@@ -191,6 +217,7 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
         backend=str(data.get("backend", "")),
         step_numbering=numbering,
         graph_step_base=base,
+        step_completion=_completion(data, path),
         run_id=str(data.get("run_id", "")),
         details={k: v for k, v in data.items() if k not in known},
         path=path,

@@ -38,6 +38,15 @@ _KBK_STEM_RE = re.compile(
     r"c(?P<cell>\d{1,9})-(?P<dir>[fb])-(?P<slot>[ako])-(?P<kind>[tifbn])-n(?P<call>\d{1,9}|x)"
     r"-p(?P<path>\d{1,6}(?:-\d{1,6}){0,31})"
 )
+# The file part of a kernel-by-kernel Op Name ends with our stem: TensorDump's file input as
+# the graph holds it, after MindSpore's parallel pass may have appended "_in.npy"
+# (parallel_tensordump.cc GetInModeSuffixedDumpPath), and with "/", "\", "." and " " turned
+# into "_" up to MindSpore 2.7.0 (dump_utils.cc GetFileKernelName).
+_KBK_FILE_END_RE = re.compile(_KBK_STEM_RE.pattern + r"(?:_in[._]npy)?$")
+# MindSpore names a graph-mode TensorDump file {file}_{dtype}_{id}.npy; our step-done
+# marker's {file} is _td_done_g{global step}.
+TD_DONE_PREFIX = "_td_done_g"
+_TD_DONE_RE = re.compile(r"^_td_done_g(?P<step>\d{1,12})_[A-Za-z0-9]{1,32}_\d{1,18}\.npy$")
 _STEP_RE = re.compile(r"^step(\d{1,12})$")
 _RANK_RE = re.compile(r"^rank(\d{1,9})$")
 
@@ -91,9 +100,35 @@ def parse_raw_tensor_name(file_name: str) -> Optional[RawTensorName]:
 
 
 def find_kbk_stem(op_name: str) -> Optional[ProbeKey]:
-    """Find our dash-separated stem inside a ``statistic.csv`` ``Op Name``; None if absent."""
-    m = _KBK_STEM_RE.search(op_name)
-    return None if m is None else _key(m, "-")
+    """Our dash-separated stem in a ``statistic.csv`` ``Op Name``; None if absent.
+
+    MindSpore names a TensorDump kernel that carries ``td_flag`` ``{file input}|{scope}``
+    (debug_actor.cc ``AscendKbkDump``); the stem ends the file part. A name without that
+    form is searched whole (the last match), as earlier readers did.
+    """
+    file_part, sep, _ = op_name.partition("|")
+    if sep:
+        m = _KBK_FILE_END_RE.search(file_part)
+        if m is not None:
+            return _key(m, "-")
+    matches = list(_KBK_STEM_RE.finditer(op_name[:4096]))
+    return _key(matches[-1], "-") if matches else None
+
+
+def td_done_stem(step: int) -> str:
+    """The file name our step-done marker is sent with (MindSpore appends ``_{dtype}_{id}.npy``)."""
+    return f"{TD_DONE_PREFIX}{step}"
+
+
+def parse_td_done_name(name: str) -> Optional[int]:
+    """The global step a graph-mode TensorDump step-done marker file names; None if it is not one."""
+    m = _TD_DONE_RE.match(name)
+    return int(m["step"]) if m else None
+
+
+def is_step_marker(name: str) -> bool:
+    """A file that marks a raw step folder complete (ours, or the one MindSpore writes for us)."""
+    return name == STEP_DONE_FILE or name.startswith(TD_DONE_PREFIX)
 
 
 def rank_dir_name(rank: int) -> str:

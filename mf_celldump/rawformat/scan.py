@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump.fsutil import child, is_temp_name, open_own_file
-from mf_celldump.rawformat import names
+from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.records import read_records_stream
@@ -105,15 +105,20 @@ def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: 
             warnings.append(f"{entry.path}: holds no capture data, only files mf_celldump did not write "
                             f"({shown}); left in place")
             continue
-        step = manifest.global_step(folder_step)
+        raw_dir = child(root_real, rank_dir, entry.name)
+        step, complete = markers.raw_folder_state(manifest, folder_step, raw_dir)
         source = steps.setdefault(step, StepSource(step))
-        source.raw_dir = child(root_real, rank_dir, entry.name)
-        source.complete = os.path.isfile(os.path.join(source.raw_dir, names.STEP_DONE_FILE))
+        if source.raw_dir is not None:  # two folders claim the step (graph-mode TensorDump numbering)
+            kept, skipped = (source.raw_dir, raw_dir) if source.complete or not complete else (raw_dir, source.raw_dir)
+            problems.append(f"{skipped}: another raw folder ({kept}) holds step {step}; skipped")
+            if kept is source.raw_dir:
+                continue
+        source.raw_dir, source.complete = raw_dir, complete
 
 
 def is_ours(name: str) -> bool:
     """Whether a file of this name in a raw step folder is one capture writes."""
-    return (name in (names.RECORDS_FILE, names.STEP_DONE_FILE) or is_temp_name(name)
+    return (name == names.RECORDS_FILE or names.is_step_marker(name) or is_temp_name(name)
             or names.parse_raw_tensor_name(name) is not None)
 
 
@@ -184,7 +189,7 @@ def list_step_files(step_dir: str, root_real: str) -> StepFiles:
     with os.scandir(step_dir) as entries:
         for entry in entries:
             name = entry.name
-            if name == names.STEP_DONE_FILE:
+            if names.is_step_marker(name):
                 if _extra_links(entry):
                     out.problems.append(_LINKED.format(entry.path))
                 continue
@@ -245,7 +250,7 @@ def _read_step_records(path: str, root_real: str, out: StepFiles) -> None:
 
 def step_folder_digest(step_dir: str) -> str:
     """The digest of a step folder as it is now (same value as ``StepFiles.digest`` of it)."""
-    listed = sorted(n for n in os.listdir(step_dir) if n != names.STEP_DONE_FILE)
+    listed = sorted(n for n in os.listdir(step_dir) if not names.is_step_marker(n))
     extra = {}
     if names.RECORDS_FILE in listed:
         extra[names.RECORDS_FILE] = os.lstat(os.path.join(step_dir, names.RECORDS_FILE)).st_size

@@ -38,6 +38,7 @@ def _tree() -> List[str]:
         "        c{cell}.{d}.{slot}.{kind}.n{call}.p{path}[_in]_{dtype}_{seq}.npy",
         f"        {names.RECORDS_FILE}        # statistics and non-tensor values, one JSON per line",
         f"        {names.STEP_DONE_FILE}      # written atomically once the step is complete",
+        f"        {names.TD_DONE_PREFIX}{{G}}_{{dtype}}_{{id}}.npy   # graph-mode TensorDump: MindSpore writes it last",
         f"      {names.KBK_DIR}/**/{{iteration}}/{names.KBK_STATISTIC_CSV}   # Ascend kernel-by-kernel statistics",
         f"      {names.PROCESSED_DIR}/step{{N}}.json  # processing: what an output in place consumed",
         f"      {names.PROCESSING_LOCK}      # processing: one process per rank",
@@ -72,6 +73,7 @@ def generate() -> str:
     lines += _fields(f"{names.MANIFEST_FILE} (format `{manifest.FORMAT}`)", manifest.FIELDS)
     lines += _fields(f"{names.RECORDS_FILE} lines", records.FIELDS)
     lines += _fields(f"{names.STEP_DONE_FILE}", markers.STEP_DONE_FIELDS)
+    lines += _fields(f"{names.TD_DONE_PREFIX}{{G}}_{{dtype}}_{{id}}.npy", markers.TD_DONE_FIELDS)
     lines += _fields(f"{names.PROCESSED_DIR}/step{{N}}.json", markers.PROCESSED_FIELDS)
     lines.append(END)
     return "\n".join(lines) + "\n"

@@ -64,8 +64,11 @@ class RawWriter:
     def kbk_dir(self) -> str:
         return ensure_dir(safe_join(self.rank_dir, names.KBK_DIR))
 
+    def kbk_config_path(self) -> str:
+        return safe_join(self.rank_dir, names.KBK_CONFIG_FILE)
+
     def write_kbk_config(self, config: dict) -> str:
-        path = safe_join(self.rank_dir, names.KBK_CONFIG_FILE)
+        path = self.kbk_config_path()
         atomic_write_json(path, config, indent=2)
         return path
 
@@ -79,6 +82,29 @@ class RawWriter:
             logger.warning("raw data of an earlier run for step %d was not processed; moved to %s "
                            "(process it with `mf-celldump process`, or delete it)", step, aside)
         return ensure_dir(path)
+
+    def set_aside_earlier_steps(self) -> None:
+        """Move every raw step folder of an earlier run aside (never deleted).
+
+        For captures whose step folders MindSpore names by its own counter, which restarts
+        at 0 in every process: a new run would otherwise write into an old run's folders.
+        """
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        for entry in sorted(os.scandir(self.rank_dir), key=lambda e: e.name):
+            if names.parse_step_dir_name(entry.name) is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            aside = names.set_aside_dir_name(entry.path, stamp)
+            os.replace(entry.path, aside)
+            logger.warning("raw data of an earlier run was not processed; moved %s to %s (process it with "
+                           "`mf-celldump process` from a copy holding its manifest, or delete it)", entry.name, aside)
+
+    def set_aside_kbk(self) -> None:
+        """Move an earlier run's unprocessed statistics dump aside: MindSpore appends to existing csv files."""
+        path = os.path.join(self.rank_dir, names.KBK_DIR)
+        if os.path.isdir(path) and not os.path.islink(path) and os.listdir(path):
+            aside = names.set_aside_dir_name(path, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            os.replace(path, aside)
+            logger.warning("statistics of an earlier run were not processed; moved %s to %s", path, aside)
 
     # -- writing -------------------------------------------------------------------
     def write_tensor(self, step: int, key: ProbeKey, array: np.ndarray, dtype_name: str, seq: int) -> None:

@@ -16,6 +16,7 @@ from typing import Dict, Type
 from mf_celldump.capture.backends.base import (
     BackendContext,
     BackendModeError,
+    BackendSetupError,
     CaptureBackend,
     GraphFace,
     PyNativeFace,
@@ -26,6 +27,7 @@ __all__ = [
     "BackendChoice",
     "BackendContext",
     "BackendModeError",
+    "BackendSetupError",
     "CaptureBackend",
     "GraphFace",
     "PyNativeFace",

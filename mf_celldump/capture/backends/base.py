@@ -13,9 +13,10 @@ defaults do nothing:
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict
+from typing import Any, Callable, ClassVar, Dict, Optional
 
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.sink import RawSink
@@ -23,18 +24,31 @@ from mf_celldump.config import DumpConfig
 from mf_celldump.rawformat.keys import ProbeKey
 from mf_celldump.rawformat.writer import RawWriter
 
+logger = logging.getLogger(__name__)
+
 
 class BackendModeError(RuntimeError):
     """The backend cannot capture in this execution mode; the message names one that can."""
 
 
+class BackendSetupError(RuntimeError):
+    """The backend cannot capture in this environment (MindSpore version, dump settings, paths);
+    the message says what to change. Raised before any training step."""
+
+
 @dataclass
 class BackendContext:
-    """What every backend works with: the configuration, the step state, the raw output."""
+    """What every backend works with: the configuration, the step state, the raw output.
+
+    ``device`` is MindSpore's device target; ``primitives`` an ``AscendPrimitives`` given
+    by the caller of ``attach`` (tests, platforms without the kernels), else None.
+    """
 
     config: DumpConfig
     runtime: CaptureRuntime
     writer: RawWriter
+    device: str = "CPU"
+    primitives: Optional[Any] = None
 
     @property
     def sink(self) -> RawSink:
@@ -71,17 +85,58 @@ class CaptureBackend:
         self.context = context
         self.config = context.config
 
+    @property
+    def writes_later(self) -> bool:
+        """True when MindSpore writes a step's raw files after the step has ended (a marker file in
+        the step folder says when they are all there); the session then writes no step-done
+        marker itself and processing waits for MindSpore's."""
+        return False
+
     def setup(self, initial_step: int) -> None:
-        """Called once at attach, before any compile."""
+        """Called once at attach, before any compile. May raise ``BackendSetupError``."""
 
     def teardown(self) -> None:
         """Called at detach."""
 
+    def begin_step(self, step: int, captured: bool) -> bool:
+        """Called when any step begins (selected or not); True if the manifest must be rewritten."""
+        return False
+
+    def end_step(self, step: int, captured: bool) -> None:
+        """Called when any step ends normally; by default a captured step is synchronised and finished."""
+        if captured:
+            self.synchronize()
+            self.finish_step()
+
+    def abort_step(self, step: int, captured: bool) -> None:
+        """Called when a step ends because training failed in it; its data stays unfinished."""
+
     def finish_step(self) -> None:
         """Called when a captured step ends, after the device has been synchronised."""
 
+    def synchronize(self) -> None:
+        """Wait for queued work (and so for capture ops) to finish.
+
+        ``mindspore.runtime.synchronize()`` serves devices; on CPU it only logs "CPU device
+        is not supported", so there the PyNative executor's queue is drained instead.
+        """
+        try:
+            if self.context.device == "CPU":
+                try:
+                    from mindspore.graph.api import _pynative_executor  # private, guarded (2.9+)
+                except ImportError:  # before MindSpore 2.9
+                    from mindspore.common.api import _pynative_executor
+
+                _pynative_executor.sync()
+            else:
+                import mindspore as ms
+
+                ms.runtime.synchronize()
+        except (AttributeError, ImportError, RuntimeError) as err:
+            logger.debug("synchronize skipped: %s", err)
+
     def manifest_fields(self) -> Dict[str, Any]:
-        """Manifest fields this backend decides (how raw step folders are numbered)."""
+        """Manifest fields this backend decides (step numbering, completion rule, statistics)."""
         return {}
 
     def pynative(self) -> PyNativeFace:

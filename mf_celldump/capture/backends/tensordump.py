@@ -1,76 +1,146 @@
 """MindSpore's TensorDump for forward values and DumpGradient for gradients.
 
 PyNative (verified on CPU): the file path holds the step folder and the exact call
-index; TensorDump appends ``_{dtype}_{id}.npy`` (``_in_...`` in "in" mode) and writes
-synchronously on CPU. Graph mode (Ascend only, from MindSpore's docs): the path holds
-MindSpore's ``{step}`` placeholder, so step folders follow the graph's own step
-counter; the manifest records the global step at attach as ``graph_step_base`` and
-step selection goes through TensorDump's step filter.
+index; TensorDump appends ``_{dtype}_{id}.npy`` and writes synchronously.
+
+Graph mode (Ascend; proven on CPU by the emulation in ``tests/ascend_emulation.py``):
+file paths hold MindSpore's ``{step}`` placeholder and MindSpore writes the files
+asynchronously, after the step, from one writer thread. At the end of every step the
+backend synchronises the device, sends a step-done marker for a captured step through
+the same FIFO channel (when MindSpore has written it, every file of the step is
+complete), then the update marker that moves ``{step}`` on (see ``tensordump_steps``).
+Sources, MindSpore repository: TDC ``mindspore/ccsrc/tools/tensor_dump/tensordump.cc``,
+MBUF ``.../mbuf_manager/mbuf_receive_manager.cc``, PTD
+``mindspore/ccsrc/frontend/parallel/graph_util/parallel_tensordump.cc``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import mindspore as ms
 from mindspore import Tensor, ops
 from mindspore.ops.primitive import constexpr
 
+from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
+from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.rawformat.keys import BACKWARD, CODE_SLOTS, FORWARD, KIND_TENSOR, ProbeKey, kind_of_value
-from mf_celldump.rawformat.manifest import NUMBERING_GLOBAL, NUMBERING_GRAPH
-from mf_celldump.rawformat.names import raw_stem
+from mf_celldump.rawformat.manifest import COMPLETION_TENSORDUMP, NUMBERING_GLOBAL, NUMBERING_GRAPH
+from mf_celldump.rawformat.names import raw_stem, td_done_stem
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TensorDumpPrimitives:
-    """The MindSpore primitives this backend drives; tests on CPU stand in for them."""
-
-    dump_out: object
-    dump_in: object
-    dump_gradient: object
-
-    @classmethod
-    def from_mindspore(cls) -> TensorDumpPrimitives:
-        return cls(ops.TensorDump(), ops.TensorDump("in"), ops.DumpGradient())
-
 
 class TensorDumpBackend(CaptureBackend):
     name = "tensordump"
     stem_separator = "."
 
-    def __init__(self, context: BackendContext, primitives: Optional[TensorDumpPrimitives] = None):
+    def __init__(self, context: BackendContext, primitives: Optional[AscendPrimitives] = None):
         super().__init__(context)
-        self.primitives = primitives or TensorDumpPrimitives.from_mindspore()
+        self._given = primitives or context.primitives
+        self.primitives: Optional[AscendPrimitives] = self._given
         self.graph_mode = False
-        self.graph_step_base = 0
+        self.steps: Optional[GraphStepMap] = None
+        self._send_failed = False
+        self._next_step: Optional[int] = None  # the step the previous one leads to
+
+    @property
+    def writes_later(self) -> bool:
+        return self.graph_mode
 
     def manifest_fields(self) -> dict:
-        numbering = NUMBERING_GRAPH if self.graph_mode else NUMBERING_GLOBAL
-        return {"step_numbering": numbering, "graph_step_base": self.graph_step_base}
+        if not self.graph_mode:
+            return {"step_numbering": NUMBERING_GLOBAL, "graph_step_base": 0}
+        return {"step_numbering": NUMBERING_GRAPH, "graph_step_base": self.steps.base,
+                "step_completion": COMPLETION_TENSORDUMP}
 
     def setup(self, initial_step: int) -> None:
-        if ms.get_context("mode") != ms.GRAPH_MODE:
+        self.primitives = self._given or AscendPrimitives.from_mindspore()
+        self.graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
+        if not self.graph_mode:
+            # From 2.7.2 an eager TensorDump checks the process-wide step filter against the
+            # graph counter too (TDC ExecTask -> ProcessFileName with the default mode): a
+            # filter left by an earlier graph-mode capture would silently stop every file.
+            self.primitives.tensordump_set_step([])
             return
-        # Graph mode: folders follow the graph step counter, which starts at 0 in every
-        # process; record where the global count stands, and pass the step filter.
-        self.graph_mode = True
-        self.graph_step_base = initial_step
-        steps = self.config.steps
-        if not steps.selects_all:
-            try:
-                from mindspore._c_expression import _tensordump_set_step  # private API, guarded
-            except ImportError:
-                logger.warning("this MindSpore has no TensorDump step filter; every step will be dumped")
-            else:
-                graph_steps = [s - initial_step for s in steps.from_value(initial_step, 100_000)]
-                _tensordump_set_step(graph_steps)
+        self._mark_forward_primitives()
+        self.steps = GraphStepMap.start(self.config.steps, initial_step, self.primitives.updates_sent())
+        # Always set: the filter is process-wide and outlives an earlier capture of this process.
+        self.primitives.tensordump_set_step(self.steps.mindspore_filter())
+
+    def _mark_forward_primitives(self) -> None:
+        """``td_flag`` names the kernel by its file in the statistics dump (debug_actor.cc AscendKbkDump);
+        ``side_effect_io=False`` lets the scheduler move it (it lives through ``depend``). MindSpore
+        sets both on the TensorDump inside DumpGradient (grad_debug_ops.py), msprobe 26.2 on its own."""
+        for primitive in (self.primitives.dump_out, self.primitives.dump_in):
+            primitive.add_prim_attr("td_flag", True)
+            primitive.add_prim_attr("side_effect_io", False)
+
+    def begin_step(self, step: int, captured: bool) -> bool:
+        if not self.graph_mode:
+            return False
+        self._check_consecutive(step)
+        if not self.steps.realign(step, self.primitives.updates_sent()):
+            return False
+        logger.info("step %d begins at TensorDump graph step %d (not where the previous steps lead): "
+                    "step folders re-mapped", step, self.primitives.updates_sent())
+        self.primitives.tensordump_set_step(self.steps.mindspore_filter())
+        return True
+
+    def _check_consecutive(self, step: int) -> None:
+        """Graph capture sees one step per callback; a jump usually means data sink with sink_size > 1."""
+        if self._next_step is not None and step != self._next_step:
+            logger.warning("step %d follows step %d: if one training callback covers several steps (data sink with "
+                           "sink_size > 1), each captured step folder holds all of them; use sink_size 1",
+                           step, self._next_step - 1)
+        self._next_step = step + 1
+
+    def end_step(self, step: int, captured: bool) -> None:
+        if not self.graph_mode:
+            super().end_step(step, captured)
+            return
+        self._step_boundary(step, captured)
+
+    def abort_step(self, step: int, captured: bool) -> None:
+        if self.graph_mode:  # no step-done marker: the failed step stays incomplete
+            self._step_boundary(step, captured=False)
+
+    def synchronize(self) -> None:
+        self.primitives.synchronize()
+
+    def _step_boundary(self, step: int, captured: bool) -> None:
+        """Device sync, step-done marker (captured steps), update marker: in this order, every step.
+
+        The sync comes first so every TensorDump of the step is in the channel before the
+        markers (MindSpore's test_tensordump_when_graph_pynative_hybrid_rank_step and msprobe
+        do the same); the channel is one FIFO with one writer thread (MBUF MbufDataHandler),
+        so the step-done marker is written after every file of the step.
+        """
+        try:
+            self.primitives.synchronize()
+        except RuntimeError as err:
+            logger.warning("device synchronisation failed at the end of step %d: %s", step, err)
+        if captured:
+            self.steps.note_captured(step)
+            path = os.path.join(self.context.writer.placeholder_step_dir(), td_done_stem(step))
+            self._send(lambda: self.primitives.run_op_tensordump(path, self.primitives.make_marker_tensor()), step)
+        self._send(self.primitives.send_update_marker, step)
+
+    def _send(self, send: Callable[[], None], step: int) -> None:
+        try:
+            send()
+        except (RuntimeError, TypeError, ValueError) as err:
+            if not self._send_failed:
+                self._send_failed = True
+                logger.error("could not launch TensorDump's step markers at the end of step %d (%s): MindSpore's "
+                             "step folders will not advance and captured steps will be reported missing", step, err)
+
+    def teardown(self) -> None:
+        if self.graph_mode and self.steps is not None:
+            self.primitives.tensordump_set_step(self.steps.final_filter())
 
     def pynative(self) -> PyNativeFace:
         return TensorDumpPyNative(self)
@@ -131,7 +201,11 @@ class TensorDumpGraph(GraphFace):
         def graph_probe(value, head, path, use_in):
             if isinstance(value, Tensor):
                 if backward_enabled:
-                    value = grad(graph_path(prefix, head, "b", path, sep), value, "in" if use_in else "out")
+                    # A forward "in" dump pairs with a gradient "out" hook: MindSpore's parallel pass
+                    # keeps both on the consumer side of a redistribution (PTD
+                    # MakeInModeDumpAfterRedistribution / MakeOutModeDumpBwdHookAfterRedistribution),
+                    # "out" with "in" on the producer side; msprobe 26.2 pairs them the same way.
+                    value = grad(graph_path(prefix, head, "b", path, sep), value, "out" if use_in else "in")
                 if forward_enabled:
                     name = graph_path(prefix, head, "f", path, sep)
                     if use_in:  # noqa: SIM108 - statement form: what the graph parser is known to take
