@@ -4,17 +4,21 @@ Trainer adapters (``mindspore_callback``, ``mindformers2``) translate their trai
 events into the four calls here: attach (once, whoever comes first: the compile hook
 or the train-begin event), begin a step, end a step, finish. The step state itself
 lives in the attached ``CellDump`` (the one step state machine); this object reacts
-to what ``end_step`` says it finished: a captured, completed step is processed, a
-step cut short by a failure stays raw. At the end it detaches and logs a summary.
+to what ``end_step`` says it finished: a captured, completed step is handed to a
+``StepProcessor`` (by default a worker process beside training, so nothing heavy runs
+on the step path), a step cut short by a failure stays raw. At the end it detaches,
+waits for the processor and logs a summary.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
+from mf_celldump.integrations.background import BackgroundProcessor
+from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ class RunSummary:
     unfinished_step: Optional[int] = None
     problems: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    processing: Dict[str, Any] = field(default_factory=dict)  # where processing ran (worker pid, exit, ...)
 
     def add_report(self, report: Any) -> List[int]:
         """Fold a ``ProcessingReport`` into the run totals; returns the steps that had no entry."""
@@ -62,6 +67,8 @@ class RunSummary:
         if self.unfinished_step is not None:
             lines.append(f"  step {self.unfinished_step} did not finish: its raw data stays in {self.dump_path}/_raw "
                          f"(`mf-celldump process {self.dump_path}` processes what is there)")
+        if self.processing.get("text"):
+            lines.append(f"  processing: {self.processing['text']}")
         lines.extend(f"  note: {n}" for n in self.notes)
         if self.problems:
             lines.append(f"  {len(self.problems)} problem(s):")
@@ -77,6 +84,7 @@ class TrainingRun:
         self.dump = None  # CellDump once attached
         self.finished = False
         self.summary = RunSummary()
+        self.processor: Optional[StepProcessor] = None  # created at the first captured step
 
     @property
     def attached(self) -> bool:
@@ -107,7 +115,12 @@ class TrainingRun:
 
     def _ended(self, ended) -> None:
         if ended is not None and ended.captured and ended.completed and self.config.process_on_train_end:
-            self._process([ended.step])
+            self._step_processor().submit([ended.step])  # the only processing work on the step path
+
+    def _step_processor(self) -> StepProcessor:
+        if self.processor is None:
+            self.processor = BackgroundProcessor(self.dump.dump_path, self.dump.rank, self.config.jobs)
+        return self.processor
 
     # -- end of training -----------------------------------------------------------------
     def finish(self, failed: bool = False) -> Optional[RunSummary]:
@@ -127,32 +140,38 @@ class TrainingRun:
         return self.summary
 
     def _close_dump(self, failed: bool) -> None:
-        if failed:
-            ended = self.dump.abort_step()  # the step never finished: keep its raw data unmarked
-            if ended is not None and ended.captured:
-                self.summary.unfinished_step = ended.step
-        else:
-            self._ended(self.dump.end_step())
-        self.dump.detach()
+        try:
+            if failed:
+                ended = self.dump.abort_step()  # the step never finished: keep its raw data unmarked
+                if ended is not None and ended.captured:
+                    self.summary.unfinished_step = ended.step
+            else:
+                self._ended(self.dump.end_step())
+            self.dump.detach()
+        finally:
+            self._finish_processing()
         self.summary.captured_steps = list(self.dump.captured_steps)
         if self.dump.rank not in self.config.ranks:
             self.summary.notes.append(
                 f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured")
         remaining = [s for s in self.summary.captured_steps if s not in self.summary.processed_steps]
-        if self.config.process_on_train_end:
-            if remaining:  # e.g. processing failed earlier: try once more
-                self._process(remaining)
-        elif remaining:
+        if not self.config.process_on_train_end and remaining:
             self.summary.notes.append("process_on_train_end is false: run `mf-celldump process "
                                       f"{self.dump.dump_path}` to produce the msprobe layout")
 
-    def _process(self, steps) -> None:
-        try:
-            report = self.dump.process(steps=steps)
-        except Exception as err:  # processing problems must not stop training
-            logger.exception("mf_celldump: processing steps %s failed: %s", steps, err)
-            self.summary.problems.append(f"processing of steps {steps} failed: {err}")
+    def _finish_processing(self) -> None:
+        """Wait (up to ``process_timeout``) for the processor and fold what it did into the summary."""
+        processor, self.processor = self.processor, None
+        if processor is None:
             return
+        result: ProcessingResult = processor.finish(self.config.process_timeout)
+        for report in result.reports:
+            self._fold(report)
+        self.summary.problems.extend(result.problems)
+        self.summary.notes.extend(result.notes)
+        self.summary.processing.update(result.info)
+
+    def _fold(self, report) -> None:
         for step in self.summary.add_report(report):
             logger.warning(
                 "mf_celldump: step %d was captured but no cell call reached the capture. If the graph "
