@@ -219,10 +219,11 @@ class WaitProgress:
 class BackgroundProcessor(StepProcessor):
     """Steps are processed by one worker process, started at the first submitted step.
 
-    ``submit`` only puts the steps in a queue. A sender thread owns the worker's start
-    (a fork+exec measured at 1-140 ms on a loaded machine) and the pipe writes, so the
-    training thread never waits for either; ``finish`` stops that thread first and then
-    owns everything.
+    ``submit`` only puts the steps in a queue. A sender thread, started by ``prepare``
+    before training (starting a thread waits until it runs: milliseconds on a loaded
+    machine), owns the worker's start (a fork+exec measured at 1-140 ms on a loaded
+    machine) and the pipe writes, so the training thread never waits for either;
+    ``finish`` stops that thread first and then owns everything.
     """
 
     def __init__(self, dump_path: str, rank: int, jobs: Optional[int]):
@@ -242,13 +243,17 @@ class BackgroundProcessor(StepProcessor):
     def pid(self) -> Optional[int]:
         return self._worker.pid if self._worker is not None else None
 
-    # -- the training thread ------------------------------------------------------------
-    def submit(self, steps: Sequence[int]) -> None:
-        self._outbox.put(list(steps))
+    def prepare(self) -> None:
         if self._sender is None:
             self._sender = threading.Thread(target=self._send_loop, name="mf_celldump-processing-sender",
                                             daemon=True)
             self._sender.start()
+
+    # -- the training thread ------------------------------------------------------------
+    def submit(self, steps: Sequence[int]) -> None:
+        self._outbox.put(list(steps))
+        if self._sender is None:  # not prepared before training
+            self.prepare()
 
     # -- the sender thread --------------------------------------------------------------
     def _send_loop(self) -> None:
@@ -303,8 +308,9 @@ class BackgroundProcessor(StepProcessor):
         self._stop_sender()  # every submitted step is now sent, or in _unsent
         worker, self._worker = self._worker, None
         if worker is None:
-            if self._unsent:
-                self._process_here(self._unsent, f"the worker could not be started: {self._start_error}")
+            if not self._unsent:  # nothing was ever submitted
+                return ProcessingResult()
+            self._process_here(self._unsent, f"the worker could not be started: {self._start_error}")
             self._describe(None, "not started")
             return self._result
         try:
@@ -360,7 +366,7 @@ class BackgroundProcessor(StepProcessor):
         kind, info = event.get("event"), self._result.info
         if kind == "ready":
             self._ready = event
-            info.update(startup_s=event.get("startup_s"), nice=event.get("nice"))
+            info.update(startup_s=event.get("startup_s"), policy=event.get("policy"), nice=event.get("nice"))
             info["mindspore_imported"] = info["mindspore_imported"] or bool(event.get("mindspore_imported"))
         elif kind == "result":
             self._pending.pop(event.get("id"), None)
@@ -412,7 +418,8 @@ class BackgroundProcessor(StepProcessor):
             info["text"] = "no worker was started" + (f" ({self._start_error})" if self._start_error else "")
             return
         info.update(outcome=outcome, exit=exit_status(worker.proc.returncode))
-        ready = (f"ready after {info.get('startup_s')} s of imports, nice {info.get('nice')}, MindSpore "
+        ready = (f"ready after {info.get('startup_s')} s of imports, {info.get('policy')}, nice {info.get('nice')}, "
+                 "MindSpore "
                  f"{'imported' if info['mindspore_imported'] else 'not imported'}") if self._ready else "never ready"
         info["text"] = (f"background worker pid {worker.pid} (python -m {protocol.MODULE}; {ready}); "
                         f"{info['requests']} request(s) answered, {info['worker_seconds']} s of processing; "

@@ -102,6 +102,8 @@ class TrainingRun:
         self.summary.dump_path = self.dump.dump_path
         logger.info("mf_celldump: capture attached%s (first step %d)", f" at {origin}" if origin else "",
                     initial_step)
+        if self.config.process_on_train_end and self.dump.rank in self.config.ranks:
+            self._step_processor().prepare()  # before training: submit stays a queue put
         return self.dump
 
     # -- steps -------------------------------------------------------------------------

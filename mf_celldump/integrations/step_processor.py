@@ -42,6 +42,10 @@ class StepProcessor(ABC):
         self.jobs = jobs
 
     @abstractmethod
+    def prepare(self) -> None:
+        """Before training (off the step path): set up what ``submit`` needs to stay cheap."""
+
+    @abstractmethod
     def submit(self, steps: Sequence[int]) -> None:
         """``steps`` are complete on disk (called on the training thread)."""
 
@@ -66,29 +70,23 @@ def run_inline(dump_path: str, rank: int, jobs: Optional[int], steps: Sequence[i
 
 
 class InlineProcessor(StepProcessor):
-    """Processing in the training process.
+    """Processing in the training process, on the thread that submits, before ``submit`` returns.
 
-    ``deferred=False`` processes each step when it is submitted, on the training thread
-    (the behaviour before processing moved to a worker; kept to measure the difference in
-    ``bench/bench_step_processing.py``). ``deferred=True`` keeps the steps and processes
-    them at ``finish``, after training: the fallback when the worker cannot start.
+    The behaviour before processing moved to a worker: a captured step stalls training for
+    as long as its processing takes. Kept as the reference ``bench/bench_step_processing.py``
+    measures the worker against, and for callers that want the output when ``submit``
+    returns.
     """
 
-    def __init__(self, dump_path: str, rank: int, jobs: Optional[int], deferred: bool = True,
-                 reason: str = ""):
+    def __init__(self, dump_path: str, rank: int, jobs: Optional[int]):
         super().__init__(dump_path, rank, jobs)
-        self.deferred = deferred
-        self._waiting: List[int] = []
-        self._result = ProcessingResult(info={"where": "training process" + (f" ({reason})" if reason else "")})
+        self._result = ProcessingResult(info={"where": "training process", "text": "in the training process"})
+
+    def prepare(self) -> None:
+        """Nothing to set up."""
 
     def submit(self, steps: Sequence[int]) -> None:
-        if self.deferred:
-            self._waiting.extend(steps)
-        else:
-            run_inline(self.dump_path, self.rank, self.jobs, steps, self._result)
+        run_inline(self.dump_path, self.rank, self.jobs, steps, self._result)
 
     def finish(self, timeout: float) -> ProcessingResult:
-        if self._waiting:
-            steps, self._waiting = self._waiting, []
-            run_inline(self.dump_path, self.rank, self.jobs, steps, self._result)
         return self._result

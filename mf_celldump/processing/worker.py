@@ -9,8 +9,9 @@ Protocol (one JSON object per line, UTF-8):
 
 stdin   ``{"cmd": "process", "id": 3, "dump_path": P, "rank": 0, "steps": [5], "jobs": 1}``
         ``{"cmd": "stop"}``: finish every request sent before it, then exit.
-stdout  ``{"event": "ready", "pid", "startup_s", "nice", "mindspore_imported"}`` once;
-        ``{"event": "progress", "id", "files_done", "files_total"}`` at most every 0.5 s;
+stdout  ``{"event": "ready", "pid", "startup_s", "policy", "nice", "mindspore_imported"}`` once;
+        ``{"event": "progress", "id", "files_done", "files_total"}`` at most every 0.5 s, once
+        ``stop`` arrived (the trainer is waiting and shows it);
         ``{"event": "result", "id", "steps", "seconds", "report": {...}, "mindspore_imported"}``;
         ``{"event": "error", "id", "steps", "error"}`` when ``process_dump`` raised;
         ``{"event": "bad_request", "line", "error"}`` for a line that is not a valid request;
@@ -19,8 +20,8 @@ stdout  ``{"event": "ready", "pid", "startup_s", "nice", "mindspore_imported"}``
 When stdin ends without ``stop``, or the training process is gone, the training process
 died: the worker finishes the request it is working on and exits without starting
 another. Raw data of steps it never processed stays complete on disk for
-``mf-celldump process``. It runs at a lower CPU priority (and so, on Linux, a lower
-I/O priority) than training.
+``mf-celldump process``. It runs at a lower CPU and I/O priority than training
+(SCHED_IDLE and nice, see NICE_INCREMENT).
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ from mf_celldump.processing.step_transaction import StepOutcome  # noqa: E402
 logger = logging.getLogger(__name__)
 
 MODULE = "mf_celldump.processing.worker"
-# Nice increment of the worker. Linux also derives the best-effort I/O priority from the
-# nice value when none is set explicitly: io_nice = (cpu_nice + 20) / 5, so 10 gives I/O
-# level 6 of 0-7 (Documentation/block/ioprio.rst, honoured by the bfq and mq-deadline
-# schedulers). Training keeps the cores and the disk first.
+# The worker's priority. Linux SCHED_IDLE (sched(7): "for running very low priority
+# background jobs") gives it a core only when training and everything else leave one
+# idle; a process without an explicit I/O priority then also gets the idle I/O class
+# (include/linux/ioprio.h task_nice_ioclass: SCHED_IDLE -> IOPRIO_CLASS_IDLE). Where
+# SCHED_IDLE is missing, the nice increment still applies, and Linux derives a best-effort
+# I/O level from it, io_nice = (cpu_nice + 20) / 5, i.e. 6 of 0-7 for nice 10
+# (Documentation/block/ioprio.rst; bfq and mq-deadline honour it). Starving the worker
+# costs no data: the wait at train end processes what is left, up to process_timeout.
 NICE_INCREMENT = 10
 PROGRESS_INTERVAL_S = 0.5
 PARENT_CHECK_S = 1.0
@@ -138,15 +143,23 @@ class Channel:
 
 
 class _ProgressEvents(ProgressObserver):
-    """Log lines as in any processing run, plus a throttled ``progress`` reply for the waiting trainer."""
+    """Log lines as in any processing run, plus a throttled ``progress`` reply once the trainer waits.
 
-    def __init__(self, channel: Channel, request_id: int):
+    Only after ``stop`` (sent when training has ended and the trainer waits with a progress
+    bar): during training every reply wakes a thread in the training process, so then the
+    worker answers once per request and no more.
+    """
+
+    def __init__(self, channel: Channel, request_id: int, inbox: Inbox):
         super().__init__(show_bar=False)
         self._channel = channel
         self._id = request_id
+        self._inbox = inbox
         self._sent = 0.0
 
     def _send(self) -> None:
+        if not self._inbox.stop_received:
+            return
         self._sent = time.monotonic()
         self._channel.send(event="progress", id=self._id, files_done=self.done, files_total=self.total)
 
@@ -205,19 +218,28 @@ def _is_stop(line: bytes) -> bool:
         return False
 
 
-def _lower_priority() -> Optional[int]:
+def _lower_priority() -> Dict[str, Any]:
+    """Step back for training: SCHED_IDLE where the OS has it, and a nice increment in any case."""
+    applied: Dict[str, Any] = {"policy": "normal", "nice": None}
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            applied["policy"] = "SCHED_IDLE"
+        except OSError as err:  # e.g. a seccomp profile that forbids it
+            logger.debug("SCHED_IDLE not set: %s", err)
     try:
-        return os.nice(NICE_INCREMENT)
-    except (AttributeError, OSError):  # no nice() on this platform, or not allowed
-        return None
+        applied["nice"] = os.nice(NICE_INCREMENT)
+    except (AttributeError, OSError) as err:  # no nice() here, or not allowed
+        logger.debug("nice not set: %s", err)
+    return applied
 
 
-def handle(request: Request, channel: Channel) -> None:
+def handle(request: Request, channel: Channel, inbox: Inbox) -> None:
     """Process one request and reply; a failure is a reply, never the end of the worker."""
     started = time.monotonic()
     try:
         report = process_dump(request.dump_path, steps=request.steps, ranks=[request.rank], jobs=request.jobs,
-                              only_complete=True, observer=_ProgressEvents(channel, request.id))
+                              only_complete=True, observer=_ProgressEvents(channel, request.id, inbox))
     except Exception as err:  # noqa: BLE001  -- reported to the trainer, which logs it
         logger.exception("processing steps %s of rank %d failed", request.steps, request.rank)
         channel.send(event="error", id=request.id, steps=request.steps, error=f"{type(err).__name__}: {err}")
@@ -245,7 +267,7 @@ def serve(inbox: Inbox, channel: Channel) -> str:
         if request is None:
             reason = "stop"
             break
-        handle(request, channel)
+        handle(request, channel, inbox)
         handled += 1
     channel.send(event="exit", reason=reason, requests=handled)
     return reason
@@ -266,10 +288,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    nice = _lower_priority()
+    priority = _lower_priority()
     inbox = Inbox(sys.stdin.buffer, args.parent_pid)
-    channel.send(event="ready", pid=os.getpid(), startup_s=round(time.monotonic() - _STARTED, 4), nice=nice,
-                 mindspore_imported="mindspore" in sys.modules)
+    channel.send(event="ready", pid=os.getpid(), startup_s=round(time.monotonic() - _STARTED, 4),
+                 mindspore_imported="mindspore" in sys.modules, **priority)
     reason = serve(inbox, channel)
     logger.debug("worker exits: %s", reason)
     return 0
