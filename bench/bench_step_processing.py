@@ -5,7 +5,7 @@ One process trains the tiny LLaMA of ``bench_capture.py`` (PyNative, CPU) throug
 ``--rounds`` rounds of three phases of ``--steps`` measured steps each, then one last
 uncaptured phase, all side by side:
 
-  uncaptured   train step only
+  uncaptured   train step only (the control)
   inline       + ``InlineProcessor.submit([step])``: process_dump on the
                training thread, what the callback did before issue 11
   background   + ``BackgroundProcessor.submit([step])``: what the callback does now; the
@@ -14,9 +14,11 @@ uncaptured phase, all side by side:
 After each step's train call, a raw capture of the step (``--mb`` MiB of float32 tensors
 in our raw format, LLaMA-like names, ``tests/rawdump_builder.py``) is written and marked
 complete *outside* the timed region: capture cost is measured by ``bench_capture.py``; here
-only processing is. Uncaptured phases write it too and delete it (untimed), so every phase
-has the same pause between its steps: on a loaded machine a process that pauses gets the
-cores back faster (CFS sleeper credit), which would otherwise favour the captured phases.
+only processing is. The uncaptured phases write it too and keep it until the phase ends,
+so every phase has the same pause between steps (on a loaded machine a process that
+pauses gets the cores back sooner) and the same page-cache writeback of 1 GB a step: the
+only difference left is processing.
+
 Timed step = train call + loss fetch + sync + the end-of-step processing call. The
 background phase ends with the wait at train end (``finish``), reported on its own. A
 captured phase's ratio is against the uncaptured phases just before and after it in the
@@ -96,13 +98,14 @@ def _phase(name, train, batches, first, count, raw, processor=None):
         t_train = time.perf_counter() - t0
         action = 0.0
         raw.write(step)  # the step's capture, in place and marked complete (untimed)
-        if processor is None:  # uncaptured: the same untimed pause between steps, nothing processed
-            raw.remove(step)
-        else:
+        if processor is not None:
             t1 = time.perf_counter()
             processor.submit([step])
             action = time.perf_counter() - t1
         rows.append({"step": step, "train_s": t_train, "processing_on_step_s": action, "step_s": t_train + action})
+    if processor is None:  # the control keeps its raw steps on disk as long as the others do
+        for i in range(count):
+            raw.remove(first + i)
     print(f"[bench] {name}: median step {statistics.median(r['step_s'] for r in rows):.3f} s", flush=True)
     return {"phase": name, "steps": rows, "loadavg_start": load, "loadavg_end": os.getloadavg()}
 
@@ -188,7 +191,8 @@ def table(out: dict) -> str:
             f"{worker.get('start_call_s')} s on the sender thread, ready after "
             f"{worker.get('startup_s')} s of imports, {worker.get('policy')}, nice {worker.get('nice')}, MindSpore "
             f"imported: {worker.get('mindspore_imported')}; {worker.get('requests')} steps in "
-            f"{worker.get('worker_seconds')} s of worker time; wait at train end {phase['wait_at_train_end_s']:.2f} s")
+            f"{worker.get('worker_seconds')} s of worker time ({worker.get('worker_cpu_seconds')} s CPU); "
+            f"wait at train end {phase['wait_at_train_end_s']:.2f} s")
     return "\n".join(lines)
 
 

@@ -373,6 +373,7 @@ class BackgroundProcessor(StepProcessor):
             self._result.reports.append(protocol.report_from_json(event.get("report") or {}))
             info["requests"] += 1
             info["worker_seconds"] = round(info["worker_seconds"] + float(event.get("seconds") or 0), 4)
+            info["worker_cpu_seconds"] = round(info.get("worker_cpu_seconds", 0.0) + float(event.get("cpu_s") or 0), 4)
             info["mindspore_imported"] = info["mindspore_imported"] or bool(event.get("mindspore_imported"))
         elif kind == "error":
             steps = self._pending.pop(event.get("id"), None) or event.get("steps") or []
@@ -422,5 +423,6 @@ class BackgroundProcessor(StepProcessor):
                  "MindSpore "
                  f"{'imported' if info['mindspore_imported'] else 'not imported'}") if self._ready else "never ready"
         info["text"] = (f"background worker pid {worker.pid} (python -m {protocol.MODULE}; {ready}); "
-                        f"{info['requests']} request(s) answered, {info['worker_seconds']} s of processing; "
+                        f"{info['requests']} request(s) answered, {info['worker_seconds']} s of processing "
+                        f"({info.get('worker_cpu_seconds', 0.0)} s CPU); "
                         f"{outcome}, {info['exit']}")

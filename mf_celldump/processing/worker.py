@@ -12,7 +12,7 @@ stdin   ``{"cmd": "process", "id": 3, "dump_path": P, "rank": 0, "steps": [5], "
 stdout  ``{"event": "ready", "pid", "startup_s", "policy", "nice", "mindspore_imported"}`` once;
         ``{"event": "progress", "id", "files_done", "files_total"}`` at most every 0.5 s, once
         ``stop`` arrived (the trainer is waiting and shows it);
-        ``{"event": "result", "id", "steps", "seconds", "report": {...}, "mindspore_imported"}``;
+        ``{"event": "result", "id", "steps", "seconds", "cpu_s", "report": {...}, "mindspore_imported"}``;
         ``{"event": "error", "id", "steps", "error"}`` when ``process_dump`` raised;
         ``{"event": "bad_request", "line", "error"}`` for a line that is not a valid request;
         ``{"event": "exit", "reason", "requests"}`` last.
@@ -236,7 +236,7 @@ def _lower_priority() -> Dict[str, Any]:
 
 def handle(request: Request, channel: Channel, inbox: Inbox) -> None:
     """Process one request and reply; a failure is a reply, never the end of the worker."""
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     try:
         report = process_dump(request.dump_path, steps=request.steps, ranks=[request.rank], jobs=request.jobs,
                               only_complete=True, observer=_ProgressEvents(channel, request.id, inbox))
@@ -245,7 +245,8 @@ def handle(request: Request, channel: Channel, inbox: Inbox) -> None:
         channel.send(event="error", id=request.id, steps=request.steps, error=f"{type(err).__name__}: {err}")
         return
     channel.send(event="result", id=request.id, steps=request.steps,
-                 seconds=round(time.monotonic() - started, 4), report=report_to_json(report),
+                 seconds=round(time.monotonic() - started, 4), cpu_s=round(time.process_time() - cpu_started, 4),
+                 report=report_to_json(report),
                  mindspore_imported="mindspore" in sys.modules)
 
 
