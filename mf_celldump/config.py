@@ -22,6 +22,9 @@ TASKS = ("tensor", "statistics")
 DATA_MODES = ("forward", "backward", "all")
 STATISTICS = ("max", "min", "mean", "norm", "md5", "nan_count", "inf_count")
 DEFAULT_STATISTICS = ("max", "min", "mean", "norm")
+# Seconds on_train_end waits for the background processing of captured steps. Nothing is
+# lost when it runs out: the steps stay raw for `mf-celldump process`.
+DEFAULT_PROCESS_TIMEOUT = 1800.0
 BACKENDS = ("auto", "tensordump", "host", "device_stats", "kbk_statistics")
 DEFAULT_DUMP_DIR_NAME = "celldump"
 
@@ -198,6 +201,7 @@ class DumpConfig:
     statistics: Tuple[str, ...] = DEFAULT_STATISTICS
     backend: str = "auto"
     process_on_train_end: bool = True
+    process_timeout: float = DEFAULT_PROCESS_TIMEOUT
     jobs: Optional[int] = None
 
     # ------------------------------------------------------------------
@@ -291,6 +295,11 @@ class DumpConfig:
             if not isinstance(flag, bool):
                 raise ConfigError(_bad("process_on_train_end", flag, "true or false"))
             kwargs["process_on_train_end"] = flag
+        if "process_timeout" in values:
+            timeout = values["process_timeout"]
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+                raise ConfigError(_bad("process_timeout", timeout, "a number of seconds > 0"))
+            kwargs["process_timeout"] = float(timeout)
         if "jobs" in values and values["jobs"] is not None:
             kwargs["jobs"] = resolve_jobs(values["jobs"])
         return cls(**kwargs)

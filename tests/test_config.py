@@ -51,6 +51,7 @@ def test_defaults():
     assert cfg.statistics == DEFAULT_STATISTICS
     assert cfg.backend == "auto"
     assert cfg.process_on_train_end is True
+    assert cfg.process_timeout == 1800.0
     assert cfg.jobs is None
     assert cfg.captures_forward and cfg.captures_backward
 
@@ -69,6 +70,7 @@ def test_keys_are_the_dataclass_fields():
         "statistics",
         "backend",
         "process_on_train_end",
+        "process_timeout",
         "jobs",
     )
 
@@ -381,6 +383,16 @@ def test_process_on_train_end_good(flag):
 @pytest.mark.parametrize("bad", ["true", "yes", 1, 0, None])
 def test_process_on_train_end_bad(bad):
     config_error({"process_on_train_end": bad}, "process_on_train_end", repr(bad), "true or false")
+
+
+@pytest.mark.parametrize("timeout", [0.5, 1, 3600])
+def test_process_timeout_good(timeout):
+    assert DumpConfig.from_dict({"process_timeout": timeout}).process_timeout == float(timeout)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "10", True, None, float("inf"), float("nan")])
+def test_process_timeout_bad(bad):
+    config_error({"process_timeout": bad}, "process_timeout", "a number of seconds > 0")
 
 
 @pytest.mark.parametrize("jobs", [1, 2, 64])

@@ -4,26 +4,27 @@ Trainer adapters (``mindspore_callback``, ``mindformers2``) translate their trai
 events into the four calls here: attach (once, whoever comes first: the compile hook
 or the train-begin event), begin a step, end a step, finish. The step state itself
 lives in the attached ``CellDump`` (the one step state machine); this object reacts
-to what ``end_step`` says it finished: a captured, completed step is processed, a
-step cut short by a failure stays raw. A step whose files MindSpore writes after the
-step (graph-mode TensorDump) is processed at a later step end once they are all there,
-never waited for on the step path; at the end of training the run waits for the rest
-(``processing.async_steps``, with a timeout and progress) and names what never came.
-At the end it detaches and logs a summary.
+to what ``end_step`` says it finished: a captured, completed step is handed to a
+``StepProcessor`` (by default a worker process beside training, so nothing heavy runs
+on the step path), a step cut short by a failure stays raw. A step whose files MindSpore
+writes after the step (graph-mode TensorDump) is handed over too, with the time to wait
+for them: the processor waits (``processing.async_steps``), never the step path. At the
+end it detaches, waits for the processor and logs a summary.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
+from mf_celldump.integrations.background import BackgroundProcessor
+from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
 
 logger = logging.getLogger(__name__)
 
-# After a training failure the device may never finish: wait at most this long for files.
-FAILED_RUN_WAIT_S = 60.0
+FAILED_RUN_WAIT_S = 60.0  # after a training failure, wait at most this long for MindSpore's late files
 
 
 @dataclass
@@ -36,11 +37,12 @@ class RunSummary:
     processed_steps: List[int] = field(default_factory=list)
     outputs: List[str] = field(default_factory=list)  # step folders, relative to dump_path
     entries: int = 0  # cell calls (msprobe entries) in the processed output
-    files: int = 0  # raw files read by processing (tensors and non-tensor values)
+    files: int = 0  # raw tensor files read by processing
     empty_steps: List[int] = field(default_factory=list)
     unfinished_step: Optional[int] = None
     problems: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    processing: Dict[str, Any] = field(default_factory=dict)  # where processing ran (worker pid, exit, ...)
 
     def add_report(self, report: Any) -> List[int]:
         """Fold a ``ProcessingReport`` into the run totals; returns the steps that had no entry."""
@@ -61,7 +63,7 @@ class RunSummary:
         steps = ",".join(str(s) for s in sorted(self.processed_steps)) or "none"
         captured = ",".join(str(s) for s in self.captured_steps) or "none"
         lines = [f"mf_celldump: rank {self.rank}: captured steps {captured}; processed {steps} "
-                 f"({self.entries} cell-call entries, {self.files} raw files read) under {self.dump_path}"]
+                 f"({self.entries} cell-call entries, {self.files} tensor files) under {self.dump_path}"]
         if self.outputs:
             lines.append("  output: " + ", ".join(sorted(self.outputs)))
         if self.empty_steps:
@@ -69,6 +71,8 @@ class RunSummary:
         if self.unfinished_step is not None:
             lines.append(f"  step {self.unfinished_step} did not finish: its raw data stays in {self.dump_path}/_raw "
                          f"(`mf-celldump process {self.dump_path}` processes what is there)")
+        if self.processing.get("text"):
+            lines.append(f"  processing: {self.processing['text']}")
         lines.extend(f"  note: {n}" for n in self.notes)
         if self.problems:
             lines.append(f"  {len(self.problems)} problem(s):")
@@ -84,9 +88,10 @@ class TrainingRun:
         self.dump = None  # CellDump once attached
         self.finished = False
         self.summary = RunSummary()
-        self.wait_timeout = wait_timeout  # None: processing.async_steps.DEFAULT_TIMEOUT_S
-        self.written_later: List[int] = []  # captured steps whose files MindSpore is still writing
-        self.never_written: List[int] = []  # ... and those still incomplete when the wait at train end ran out
+        self.processor: Optional[StepProcessor] = None  # created at the first captured step
+        # How long to wait for steps MindSpore writes late; None: async_steps.DEFAULT_TIMEOUT_S.
+        self.wait_timeout = wait_timeout
+        self.written_later = False  # a step was handed over with a wait
 
     @property
     def attached(self) -> bool:
@@ -104,6 +109,8 @@ class TrainingRun:
         self.summary.dump_path = self.dump.dump_path
         logger.info("mf_celldump: capture attached%s (first step %d)", f" at {origin}" if origin else "",
                     initial_step)
+        if self.config.process_on_train_end and self.dump.rank in self.config.ranks:
+            self._step_processor().prepare()  # before training: submit stays a queue put
         return self.dump
 
     # -- steps -------------------------------------------------------------------------
@@ -118,28 +125,22 @@ class TrainingRun:
     def _ended(self, ended) -> None:
         if ended is None or not (ended.captured and ended.completed and self.config.process_on_train_end):
             return
+        wait_s = 0.0
         if ended.written_later:
-            self.written_later.append(ended.step)
-            self._process_written(final=False)  # only what is complete already: the step path never waits
-        else:
-            self._process([ended.step])
+            self.written_later = True
+            wait_s = self._wait_s()
+        self._step_processor().submit([ended.step], wait_s)  # the only processing work on the step path
 
-    def _process_written(self, final: bool, failed: bool = False) -> None:
-        """Process the steps MindSpore has finished writing; ``final`` (train end): wait for the others
-        up to ``wait_timeout`` and name those it never finished."""
-        if not self.written_later:
-            return
-        timeout = self.wait_timeout if final else 0.0
-        if failed:
-            timeout = min(FAILED_RUN_WAIT_S, FAILED_RUN_WAIT_S if timeout is None else timeout)
-        waited = self.dump.wait_for_files(self.written_later, timeout=timeout)
-        if waited.ready:
-            self.written_later = [s for s in self.written_later if s not in waited.ready]
-            self._process(waited.ready)
-        if final and waited.missing:
-            self.summary.problems.extend(waited.problems(self.dump.rank))
-            self.never_written.extend(waited.missing)
-            self.written_later = []
+    def _wait_s(self, failed: bool = False) -> float:
+        from mf_celldump.processing.async_steps import DEFAULT_TIMEOUT_S
+
+        timeout = DEFAULT_TIMEOUT_S if self.wait_timeout is None else self.wait_timeout
+        return min(timeout, FAILED_RUN_WAIT_S) if failed else timeout
+
+    def _step_processor(self) -> StepProcessor:
+        if self.processor is None:
+            self.processor = BackgroundProcessor(self.dump.dump_path, self.dump.rank, self.config.jobs)
+        return self.processor
 
     # -- end of training -----------------------------------------------------------------
     def finish(self, failed: bool = False) -> Optional[RunSummary]:
@@ -159,44 +160,46 @@ class TrainingRun:
         return self.summary
 
     def _close_dump(self, failed: bool) -> None:
-        if failed:
-            ended = self.dump.abort_step()  # the step never finished: keep its raw data unmarked
-            if ended is not None and ended.captured:
-                self.summary.unfinished_step = ended.step
-        else:
-            self._ended(self.dump.end_step())
-        self.dump.detach()
+        try:
+            if failed:
+                ended = self.dump.abort_step()  # the step never finished: keep its raw data unmarked
+                if ended is not None and ended.captured:
+                    self.summary.unfinished_step = ended.step
+            else:
+                self._ended(self.dump.end_step())
+            self.dump.detach()
+        finally:
+            self._finish_processing()
         self.summary.captured_steps = list(self.dump.captured_steps)
-        if self.config.process_on_train_end:
-            self._process_written(final=True, failed=failed)
-        elif self.dump.writes_later:
+        if not self.config.process_on_train_end and self.dump.writes_later:
             self._wait_unprocessed(failed)
         if self.dump.rank not in self.config.ranks:
             self.summary.notes.append(
                 f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured")
-        remaining = [s for s in self.summary.captured_steps
-                     if s not in self.summary.processed_steps and s not in self.never_written]
-        if self.config.process_on_train_end:
-            if remaining:  # e.g. processing failed earlier: try once more
-                self._process(remaining)
-        elif remaining:
+        remaining = [s for s in self.summary.captured_steps if s not in self.summary.processed_steps]
+        if not self.config.process_on_train_end and remaining:
             self.summary.notes.append("process_on_train_end is false: run `mf-celldump process "
                                       f"{self.dump.dump_path}` to produce the msprobe layout")
 
+    def _finish_processing(self) -> None:
+        """Wait (up to ``process_timeout``) for the processor and fold what it did into the summary."""
+        processor, self.processor = self.processor, None
+        if processor is None:
+            return
+        timeout = self.config.process_timeout + (self._wait_s() if self.written_later else 0.0)
+        result: ProcessingResult = processor.finish(timeout)
+        for report in result.reports:
+            self._fold(report)
+        self.summary.problems.extend(result.problems)
+        self.summary.notes.extend(result.notes)
+        self.summary.processing.update(result.info)
+
     def _wait_unprocessed(self, failed: bool) -> None:
         """Without processing, still let MindSpore finish writing before the process may exit."""
-        timeout = min(FAILED_RUN_WAIT_S, self.wait_timeout or FAILED_RUN_WAIT_S) if failed else self.wait_timeout
-        waited = self.dump.wait_for_files(timeout=timeout)
+        waited = self.dump.wait_for_files(timeout=self._wait_s(failed))
         self.summary.problems.extend(waited.problems(self.dump.rank))
-        self.never_written.extend(waited.missing)
 
-    def _process(self, steps) -> None:
-        try:
-            report = self.dump.process(steps=steps)
-        except Exception as err:  # processing problems must not stop training
-            logger.exception("mf_celldump: processing steps %s failed: %s", steps, err)
-            self.summary.problems.append(f"processing of steps {steps} failed: {err}")
-            return
+    def _fold(self, report) -> None:
         for step in self.summary.add_report(report):
             logger.warning(
                 "mf_celldump: step %d was captured but no cell call reached the capture. If the graph "
