@@ -58,11 +58,12 @@ class Console:
         self._saved = []
 
 
-def step_progress_callback(console: Console, total_steps: int, dump_path: str):
+def step_progress_callback(console: Console, total_steps: int, dump_path: str, selected_steps=None):
     """A MindSpore callback printing one line (or advancing a tqdm bar) per training step.
 
-    It runs after CellDumpCallback (API callbacks come after YAML ones), so the step's
-    processed output, when the step was selected, is already in place.
+    ``selected_steps`` (an ``IndexSelection``, None = every step) says which steps are
+    captured; their processed output appears under ``dump_path`` when the background worker
+    has finished them, so the line says "captured", not where the output is.
     """
     from mindspore.train import Callback
 
@@ -83,8 +84,8 @@ def step_progress_callback(console: Console, total_steps: int, dump_path: str):
                 self.losses.append(loss)
             seconds = time.monotonic() - self.start
             self.start = time.monotonic()
-            folder = os.path.join(dump_path, f"step{step}")
-            dumped = f"dumped to {os.path.relpath(folder, dump_path)}/" if os.path.isdir(folder) else "not dumped"
+            captured = selected_steps is None or step in selected_steps
+            dumped = f"captured into {os.path.basename(dump_path)}/step{step}/" if captured else "not captured"
             loss_text = "-" if loss is None else f"{loss:.4f}"
             console.say(f"step {step}: loss {loss_text}, {seconds:.1f} s, {dumped}")
             if self.bar is not None:

@@ -90,6 +90,14 @@ def _celldump_entry(config) -> dict:
     raise SystemExit(f"{config}: no `type: CellDumpCallback` entry in callbacks")
 
 
+def _selected_steps(config):
+    """The steps the CellDumpCallback entry selects (None: every step)."""
+    from mf_celldump.config import IndexSelection
+
+    steps = _celldump_entry(config).get("steps")
+    return None if steps is None else IndexSelection.parse(steps, "steps")
+
+
 def load_config(args: argparse.Namespace):
     """The run config with this run's settings applied (what run_mindformer.py's flags do)."""
     from mindformers import MindFormerConfig
@@ -278,7 +286,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         _announce(console, config, args, dump_path)
         callbacks = python_callbacks(config) if args.python_callback else []
         total = args.steps * int(config.runner_config.epochs or 1)
-        callbacks.append(step_progress_callback(console, total, dump_path))
+        callbacks.append(step_progress_callback(console, total, dump_path, _selected_steps(config)))
         train(config, args.steps, callbacks)
     except Exception as err:  # reported below; --verbose shows the traceback
         failed = err

@@ -190,8 +190,11 @@ def test_item22_modules_cache_is_ignored_and_kept_out_of_the_checkout(monkeypatc
         import run_tiny_llama
     finally:
         sys.path.remove(os.path.join(REPO, "examples"))
-    monkeypatch.delenv("OM_MODULES_CACHE", raising=False)
-    monkeypatch.delenv("LOCAL_DEFAULT_PATH", raising=False)
+    for name in ("OM_MODULES_CACHE", "LOCAL_DEFAULT_PATH"):
+        # setenv first so that monkeypatch restores the variable (delenv of an unset one records
+        # nothing, and keep_caches_in's value would leak into the later subprocess tests)
+        monkeypatch.setenv(name, "unused")
+        monkeypatch.delenv(name)
     run_tiny_llama.keep_caches_in(str(tmp_path))
     assert os.environ["OM_MODULES_CACHE"] == str(tmp_path / "modules")
     assert os.environ["LOCAL_DEFAULT_PATH"] == str(tmp_path)
