@@ -87,7 +87,7 @@ def _celldump_entry(config) -> dict:
     for entry in config.callbacks or []:
         if entry.get("type") == "CellDumpCallback":
             return entry
-    raise SystemExit(f"{config}: no `type: CellDumpCallback` entry in callbacks")
+    raise SystemExit("the run config has no `type: CellDumpCallback` entry in `callbacks:`")
 
 
 def _selected_steps(config):
@@ -284,9 +284,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         config = load_config(args)
         dump_path = dump_path_of(config)
         _announce(console, config, args, dump_path)
+        selected = _selected_steps(config)  # before python_callbacks() takes the entry out of the config
         callbacks = python_callbacks(config) if args.python_callback else []
         total = args.steps * int(config.runner_config.epochs or 1)
-        callbacks.append(step_progress_callback(console, total, dump_path, _selected_steps(config)))
+        callbacks.append(step_progress_callback(console, total, dump_path, selected))
         train(config, args.steps, callbacks)
     except Exception as err:  # reported below; --verbose shows the traceback
         failed = err
