@@ -97,3 +97,44 @@ def test_graph_records_constants_once_per_call_as_pynative_does(tmp_path):
     assert tensors == {key for key, value in dumps["pynative"].items() if not isinstance(value, dict)}
     for key in tensors:
         np.testing.assert_array_equal(dumps["graph"][key], dumps["pynative"][key], err_msg=str(key))
+
+
+_QUIET_SCRIPT = """
+import sys, tempfile, glob, os
+sys.path.insert(0, {root!r})
+import mindspore as ms
+import mf_celldump
+from tests import constants_net as cnet
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+net = cnet.Top()
+train = cnet.train_one_step_cell(net)
+dump = mf_celldump.attach(train, {{"dump_path": {dump!r}, "task": "statistics"}})
+dump.begin_step(0)
+train(cnet.make_input())
+dump.end_step()
+print("DURING", sorted(os.listdir(tempfile.gettempdir())))
+dump.detach()
+print("AFTER", sorted(os.listdir(tempfile.gettempdir())))
+"""
+
+
+def test_compiling_wrappers_logs_no_missing_source_file_errors(tmp_path):
+    """MindSpore reads each function's source file for debug info; a generated wrapper without
+    a real file made it log "Get realpath failed" (ERROR) twice per compiled node."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = _QUIET_SCRIPT.format(root=root, dump=str(tmp_path / "dump"))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=str(tmp_path), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert "Get realpath failed" not in output
+    assert "may not exists" not in output
+    during = [line for line in proc.stdout.splitlines() if line.startswith("DURING")][0]
+    assert "mf_celldump-constructs-" in during  # the generated sources are real files while attached
+    assert "AFTER []" in proc.stdout  # and are removed at detach

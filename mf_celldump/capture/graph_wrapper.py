@@ -9,9 +9,10 @@ relies on (MindSpore 2.9):
   MindFormers' ``for i in range(n): self.layers[i](...)`` is compiled as a graph loop
   that switches between the layers' constructs, and that path rejects a
   ``*args, **kwargs`` wrapper ("parameters number ... provided arguments");
-* the generated source is registered with ``linecache`` (the parser reads source), its
-  module name is ours, and everything it uses comes in as closure variables (the
-  parser resolves closures, not the ``exec`` namespace);
+* the generated source is a real file while attached (capture/generated_sources.py: the
+  parser reads source, and MindSpore's debug info reads the file), its module name is
+  ours, and everything it uses comes in as closure variables (the parser resolves
+  closures, not the ``exec`` namespace);
 * no ``for`` loops: MindSpore may compile a loop whose body holds capture ops into a
   graph while-loop whose index is no longer a constant; sequences are walked by
   recursion instead;
@@ -24,11 +25,11 @@ from __future__ import annotations
 
 import ast
 import inspect
-import linecache
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from mf_celldump.capture.backends.base import GraphFace
+from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.selection import SelectedCell
 from mf_celldump.capture.signature import ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
@@ -147,7 +148,7 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _Grap
                          constants_of, constants_of_items)
 
 
-def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace) -> Callable:
+def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, sources: GeneratedSources) -> Callable:
     """A graph-parsable ``construct`` capturing through the backend's graph face."""
     original = selected.cell.construct
     slots = param_slots(original, selected.params)
@@ -160,7 +161,7 @@ def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace) ->
         return _varargs_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
                                         records_constants is not None)
     return _generated_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
-                                      records_constants is not None)
+                                      records_constants is not None, sources)
 
 
 def _literal(value) -> Optional[str]:
@@ -177,7 +178,8 @@ def _literal(value) -> Optional[str]:
 
 
 def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags, out_flags,
-                               helpers: _GraphHelpers, records_constants: bool) -> Callable:
+                               helpers: _GraphHelpers, records_constants: bool,
+                               sources: GeneratedSources) -> Callable:
     """Source for a wrapper with exactly the original's parameters, compiled and registered."""
     params, body, call, constants = ["self"], [], [], []
     kw_only_seen = False
@@ -211,8 +213,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
         "",
     ]
     source = "\n".join(lines)
-    file_name = f"<mf_celldump generated construct {id(original):x}>"
-    linecache.cache[file_name] = (len(source), None, source.splitlines(True), file_name)
+    file_name = sources.add(f"construct_{heads[SLOT_ARG][0]}", source)
     namespace = {"__name__": _GENERATED_MODULE}
     exec(compile(source, file_name, "exec"), namespace)  # noqa: S102 - our own generated source
     make = namespace["_mfcd_make"]
