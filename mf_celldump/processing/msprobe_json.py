@@ -14,12 +14,16 @@ from mf_celldump import naming
 from mf_celldump.dtypes import mindspore_dtype_name
 from mf_celldump.processing.entries import Entry
 from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import KIND_TENSOR, KIND_TYPE_NAMES, SLOT_KWARG
+from mf_celldump.rawformat.keys import KIND_NONE, KIND_TENSOR, KIND_TYPE_NAMES, SLOT_KWARG
 
 TENSOR_TYPE = "mindspore.Tensor"
 # A position nobody captured (an argument capture could not represent): msprobe reads null as
 # "no data" and keeps the numbering of the following arguments.
 GAP = None
+# A None argument is a bare null, as msprobe 26.2 writes it. A {"type": "None"} object is
+# read by msprobe graph_visualize as a value it cannot pair with msprobe's own null (or with
+# an argument msprobe did not record) and paints the whole node as an error.
+NONE_VALUE = None
 
 
 def label_of(capture: Capture, params: Tuple[str, ...]) -> str:
@@ -37,6 +41,8 @@ def kwarg_name(index: int, params: Tuple[str, ...]) -> str:
 def record_of(capture: Capture, data_name: Optional[str]) -> Optional[dict]:
     """The dump.json leaf for one capture (None when its file could not be read)."""
     kind = capture.key.kind
+    if kind == KIND_NONE:
+        return NONE_VALUE
     if kind != KIND_TENSOR:
         return {"type": KIND_TYPE_NAMES[kind], "value": capture.value}
     if capture.shape is None:
