@@ -107,15 +107,14 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
         safe.append(entry)
         seen: Dict[Tuple[str, str], Capture] = {}
         for capture in entry.captures:
-            label = msprobe_json.label_of(capture, entry.cell.params)
-            io = capture.key.msprobe_io
+            io, label = msprobe_json.io_label_of(capture, entry.cell)
             first = seen.get((io, label))
             if first is not None:
                 problems.append(f"{capture.origin}: a second capture of {entry.name}.{io}.{label} "
                                 f"(first: {first.origin}); not used, raw data kept")
                 continue
             try:
-                capture.data_name = fsutil.check_component(naming.data_name(entry.name, io, label))
+                capture.data_name = fsutil.check_component(msprobe_json.data_name_of(entry.name, io, label))
             except fsutil.UnsafePathError as err:
                 problems.append(f"{capture.origin}: {err}; not used")
                 continue
@@ -221,7 +220,7 @@ def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List
 
 def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
     data_dir = os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
-    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed)
+    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed, ctx.manifest.parameters)
 
 
 def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry], failed: Dict[int, int]) -> None:

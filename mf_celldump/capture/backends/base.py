@@ -74,6 +74,11 @@ class GraphFace(ABC):
     def probe_function(self) -> Callable:
         """``probe(value, head, path, use_in) -> value``; ``head`` = (cell id, slot code)."""
 
+    def gradient_probe_function(self) -> Optional[Callable]:
+        """``probe(value, head, path) -> value`` recording a tensor that is itself a gradient (what the
+        optimizer receives) as a forward value, whatever ``data_mode`` says; None if the backend cannot."""
+        return None
+
 
 class CaptureBackend:
     """One way of capturing; see the module docstring. Subclasses set ``name``, and override

@@ -92,6 +92,13 @@ class HostBackend(CaptureBackend):
                                    func_type="pyfunc")
         self.value_op.add_prim_attr("side_effect_io", True)
 
+        def record_body(x, key):
+            self._emit(x, key, FORWARD)
+            return x
+
+        # Gradients the optimizer receives (parameters_grad): recorded in any data_mode, never differentiated.
+        self.record_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+
     def _emit(self, data, key, direction: str) -> None:
         """Runs inside a capture op: write the value of the running step, if it is captured."""
         runtime = self.context.runtime
@@ -167,6 +174,15 @@ class HostGraph(GraphFace):
             return value
 
         return graph_probe
+
+    def gradient_probe_function(self) -> Callable:
+        record_op, int32 = self.backend.record_op, ms.int32
+        key_codes = _make_graph_key_codes()
+
+        def gradient_probe(value, head, path):
+            return record_op(value, Tensor(key_codes(head, 0, path, value.dtype), int32))
+
+        return gradient_probe
 
 
 def _make_graph_key_codes():
