@@ -40,7 +40,15 @@ from mf_celldump.capture.sink import RawSink
 from mf_celldump.config import DumpConfig
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.fsutil import ensure_dir
-from mf_celldump.rawformat.keys import FORWARD, KIND_TENSOR, SLOT_CODES, SLOT_WEIGHT, SLOT_WEIGHT_GRAD, ProbeKey
+from mf_celldump.rawformat.keys import (
+    BACKWARD,
+    FORWARD,
+    KIND_TENSOR,
+    SLOT_CODES,
+    SLOT_WEIGHT,
+    SLOT_WEIGHT_GRAD,
+    ProbeKey,
+)
 from mf_celldump.statistics import compute_statistics
 
 logger = logging.getLogger(__name__)
@@ -132,7 +140,7 @@ class ParameterCapture:
         def hook(grad):
             if capture.runtime.active:
                 for owner in owners:
-                    key = ProbeKey(owner.cell_id, FORWARD, SLOT_WEIGHT_GRAD, KIND_TENSOR, (owner.index,))
+                    key = ProbeKey(owner.cell_id, BACKWARD, SLOT_WEIGHT_GRAD, KIND_TENSOR, (owner.index,))
                     capture._record(key, grad)
             return grad
 

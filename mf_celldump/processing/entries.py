@@ -48,7 +48,8 @@ def assign_calls(captures: List[Capture]) -> None:
 
     Per probe (cell, direction, slot, path): forward, the k-th occurrence in execution
     order is call k; backward, the k-th counted from the end is call k, so that
-    ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order.
+    ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order. A weight
+    gradient (slot ``g``) counts in order, as msprobe numbers ``parameters_grad``.
     """
     unknown: Dict[tuple, List[Capture]] = {}
     for capture in captures:
@@ -58,7 +59,7 @@ def assign_calls(captures: List[Capture]) -> None:
             capture.call = capture.key.call
     for probe, group in unknown.items():
         group.sort(key=lambda c: c.sort_key)
-        if probe[1] == naming.BACKWARD:
+        if probe[1] == naming.BACKWARD and probe[2] != SLOT_WEIGHT_GRAD:
             group.reverse()
         for call, capture in enumerate(group):
             capture.call = call

@@ -24,8 +24,8 @@ SLOT_ARG = "a"  # positional input; path[0] is the argument index
 SLOT_KWARG = "k"  # keyword-only input; path[0] is the parameter's index in the cell's signature
 SLOT_OUTPUT = "o"  # output; path[0] is the output index (0 for a single tensor)
 # The cell's own parameters (msprobe's ``parameters`` and ``parameters_grad``); path[0] is
-# the index in the manifest cell's ``weights``. Both are written with direction forward:
-# weights are read when the step starts, gradients where the optimizer receives them.
+# the index in the manifest cell's ``weights``. A weight (read when the step starts) has
+# direction forward, its gradient direction backward; gradient calls count in order.
 SLOT_WEIGHT = "w"
 SLOT_WEIGHT_GRAD = "g"
 SLOTS = (SLOT_ARG, SLOT_KWARG, SLOT_OUTPUT, SLOT_WEIGHT, SLOT_WEIGHT_GRAD)

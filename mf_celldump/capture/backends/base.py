@@ -76,7 +76,7 @@ class GraphFace(ABC):
 
     def gradient_probe_function(self) -> Optional[Callable]:
         """``probe(value, head, path) -> value`` recording a tensor that is itself a gradient (what the
-        optimizer receives) as a forward value, whatever ``data_mode`` says; None if the backend cannot."""
+        optimizer receives) as a backward value when it runs; None if the backend cannot."""
         return None
 
 

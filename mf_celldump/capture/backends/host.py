@@ -93,10 +93,10 @@ class HostBackend(CaptureBackend):
         self.value_op.add_prim_attr("side_effect_io", True)
 
         def record_body(x, key):
-            self._emit(x, key, FORWARD)
+            self._emit(x, key, BACKWARD)
             return x
 
-        # Gradients the optimizer receives (parameters_grad): recorded in any data_mode, never differentiated.
+        # Gradients the optimizer receives (parameters_grad): recorded when the op runs, never differentiated.
         self.record_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
 
     def _emit(self, data, key, direction: str) -> None:

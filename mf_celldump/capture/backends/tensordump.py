@@ -223,7 +223,7 @@ class TensorDumpGraph(GraphFace):
         graph_path = _make_graph_path()
 
         def gradient_probe(value, head, path):
-            return depend(value, dump_out(graph_path(prefix, head, "f", path, sep), value))
+            return depend(value, dump_out(graph_path(prefix, head, "b", path, sep), value))
 
         return gradient_probe
 
