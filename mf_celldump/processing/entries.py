@@ -89,9 +89,27 @@ def group_entries(captures: List[Capture], cells: Dict[int, CellRecord], problem
             f"{count} capture(s) of cell id {cell_id}, which manifest.json does not list; skipped"
         )
     ordered = sorted(_called_cells_only(entries.values()), key=lambda e: (e.first, e.name))
+    _weights_for_every_call(ordered)
     for entry in ordered:
         entry.captures.sort(key=lambda c: c.sort_key)
     return ordered
+
+
+def _weights_for_every_call(entries: List[Entry]) -> None:
+    """Weights are read once per step (call 0); msprobe records them at every forward call,
+    each under its own entry's file names, so later calls get copies of call 0's captures."""
+    first: Dict[int, List[Capture]] = {}
+    for entry in entries:
+        if entry.direction != naming.FORWARD:
+            continue
+        weights = [c for c in entry.captures if c.key.slot == SLOT_WEIGHT]
+        if weights:
+            first.setdefault(entry.cell.cell_id, weights)
+        elif entry.cell.cell_id in first:
+            for capture in first[entry.cell.cell_id]:
+                copy = capture.copy()
+                copy.call = entry.call
+                entry.captures.append(copy)
 
 
 def _called_cells_only(entries) -> List[Entry]:

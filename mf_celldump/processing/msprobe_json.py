@@ -199,12 +199,10 @@ def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
 
     ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; captures
     in ``failed`` (by id) get no ``data_name``. ``parameters``: every forward entry gets
-    msprobe's ``parameters`` field; weights are read once per step, so a cell's later
-    calls show (and name the files of) the weights of its first forward entry.
+    msprobe's ``parameters`` field (``{}`` for a cell without weights).
     """
 
     def bodies():
-        weights: Dict[int, Dict[str, object]] = {}  # cell id -> weights of its first forward entry
         for entry in entries:
             leaves = {}
             for capture in entry.captures:
@@ -217,9 +215,7 @@ def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
                 continue
             body = entry_body(entry, leaves)
             if parameters and entry.direction == naming.FORWARD:
-                own = weights_body(entry, leaves)
-                body[naming.PARAMETERS] = own or weights.get(entry.cell.cell_id, {})
-                weights.setdefault(entry.cell.cell_id, own)
+                body[naming.PARAMETERS] = weights_body(entry, leaves)
             yield entry.name, body
 
     yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies())

@@ -155,9 +155,32 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
             outcome.value_files += 1
         observer.on_file()
 
+    our_links = _with_twin_links(source.raw_dir, tasks, our_links)
     runner.run(tasks, ctx.manifest.statistics, Folders(source.raw_dir or "", data_dir, our_links), on_result)
     outcome.files = outcome.tensor_files + outcome.value_files
     return failed
+
+
+def _with_twin_links(raw_dir: Optional[str], tasks: List[FileTask],
+                    our_links: Dict[Tuple[int, int], int]) -> Dict[Tuple[int, int], int]:
+    """``our_links`` plus the names this step itself gives a raw file linked more than once (a weight
+    read once per step and named under each forward call): those links are ours, not a stranger's."""
+    uses: Dict[str, int] = {}
+    for task in tasks:
+        if task.out_name is not None:
+            uses[task.name] = uses.get(task.name, 0) + 1
+    twins = {name: count for name, count in uses.items() if count > 1}
+    if not twins or raw_dir is None:
+        return our_links
+    links = dict(our_links)
+    for name, count in twins.items():
+        try:
+            info = os.lstat(os.path.join(raw_dir, name))
+        except OSError:
+            continue  # reported when the task opens it
+        key = (info.st_dev, info.st_ino)
+        links[key] = links.get(key, 0) + count - 1
+    return links
 
 
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
