@@ -258,6 +258,8 @@ class CellDump:
         if self._running is None:
             return None
         step, captured = self._running, self.runtime.active
+        if self._parameters is not None and captured:
+            self._parameters.flush()
         if self.backend is not None and self.attached:
             self.backend.end_step(step, captured)
         self.runtime.stop_step()
@@ -276,6 +278,8 @@ class CellDump:
         if self._running is None:
             return None
         step, captured = self._running, self.runtime.active
+        if self._parameters is not None:
+            self._parameters.drop_pending()
         if self.backend is not None and self.attached:
             try:
                 self.backend.abort_step(step, captured)
