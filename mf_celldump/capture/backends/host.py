@@ -4,7 +4,8 @@ Python runs when the op executes, in either mode, so this works wherever MindSpo
 runs pyfunc ops (CPU and GPU, PyNative and graph). The op takes ``(x, key)`` where
 ``key`` is a small int32 tensor (dtype code + probe key codes), so one op instance
 serves every probe. Its ``bprop`` passes the incoming gradient through a second
-pyfunc op that records it. Their outputs feed the graph, so the compiler keeps them.
+pyfunc op that records it. The forward op carries ``side_effect_io``, so graph mode neither
+drops a probe whose output goes unused nor merges two calls' probes of one tensor.
 
 Non-tensor values in graph mode: a constant (``None``, a Python int or flag) is noted at
 compile time in a table of this backend, and the call's first tensor probe carries the
@@ -93,6 +94,10 @@ class HostBackend(CaptureBackend):
 
         self.probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                    func_type="pyfunc", bprop=bprop)
+        # side_effect_io: in graph mode a pure probe is dropped when its output is unused later
+        # (FreqsMgr's swap mask in LLaMA, Qwen3's labels) and merged with another call's probe
+        # when both see the same tensor under the same key (a cell called twice on one tensor).
+        self.probe_op.add_prim_attr("side_effect_io", True)
         # Non-constant scalars (graph mode): the op's output is unused, so only side_effect_io keeps it.
         self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                    func_type="pyfunc")
