@@ -106,8 +106,10 @@ def _attention_construct(self, query, key, value, attention_mask, attn_mask_type
 
 
 # -- 8. Outer in rotary_pos_embedding.py ----------------------------------------------------------------
-class CpuOuter(nn.Cell):
-    """outer(x, y) as reshape x reshape (the ``Outer`` primitive has no CPU kernel). Exact."""
+class _CpuOuter(nn.Cell):
+    """outer(x, y) as reshape x reshape (the ``Outer`` primitive has no CPU kernel). Exact.
+
+    The leading underscore keeps this stand-in out of dumps (mf_celldump skips such classes)."""
 
     def construct(self, x, y):
         return ops.reshape(x, (-1, 1)) * ops.reshape(y, (1, -1))
@@ -187,16 +189,18 @@ def apply(mode: str) -> None:
     if not _already(FlashAttention, "__init__"):
         _set(FlashAttention, "__init__", _attention_init(FlashAttention.__init__))
     _set(FlashAttention, "construct", _attention_construct)
-    _set(rotary_pos_embedding, "Outer", CpuOuter)
+    _set(rotary_pos_embedding, "Outer", _CpuOuter)
     _set(VocabParallelEmbedding, "embedding_func", _embedding_func)
     _set(router, "TopkExt", _topk)
     _set(FFNGroupedGEMM, "forward_func", _dense_experts_forward)
     if mode == "pynative":
         _set(Morph, "__call__", _morph_call)
         # 10. loss_func.py: OneHotExt, and ZerosLikeExt in the custom bprop, have no CPU kernel in
-        # PyNative; ops.OneHot / ops.ZerosLike take the same arguments. Exact.
+        # PyNative; ops.OneHot / ops.ZerosLike take the same arguments. Exact. The router's expert
+        # load count (moe_router_enable_expert_bias, DeepSeek-V3's default) uses OneHotExt too.
         _set(loss_func, "OneHotExt", _one_hot_ext)
         _set(loss_func, "ZerosLikeExt", _zeros_like)
+        _set(router, "OneHotExt", _one_hot_ext)
         for cls in (shared_experts.SharedExpertMLP, shared_experts.SharedExpertMLPInterleaved):
             _set(cls, "construct", _shared_experts_construct(cls))
 
