@@ -280,7 +280,8 @@ def _announce(console, config, args, dump_path: str) -> None:
     import mindformers
 
     entry = _celldump_entry(config)
-    console.say(f"Training a tiny {MODEL_TITLES.get(args.model, args.model)} with MindFormers {mindformers.__version__} on CPU ({args.mode} mode), "
+    title = MODEL_TITLES.get(args.model, args.model)
+    console.say(f"Training a tiny {title} with MindFormers {mindformers.__version__} on CPU ({args.mode} mode), "
                 f"{args.steps} steps per epoch; CellDumpCallback: task={entry.get('task', 'statistics')}, "
                 f"steps={entry.get('steps', 'all')}")
     if console.log_path:

@@ -352,7 +352,7 @@ PARAMETER_ARGUMENTS = {(MTP_BLOCK, "input_args", 8), (MTP_BLOCK, "input_args", 1
 
 
 def _stat_mismatches(tensor_run, stats_run, select):
-    """(step, entry, side, argument index, statistic, got, want) where the statistics task disagrees with the tensor task."""
+    """(step, entry, side, argument index, statistic, got, want) where the two tasks disagree."""
     out = []
     for step in STEPS:
         want, got = _data(tensor_run, step)["data"], _data(stats_run, step)["data"]
