@@ -7,7 +7,7 @@ The models are the YAMLs of ``examples/`` (``tiny_qwen3.yaml``, ``tiny_deepseek3
 dropout 0, 2 layers of width 64, vocab 128, seq 16, batch 2) trained through
 ``mindformers.Trainer`` by ``examples/run_tiny_llama.py --model ...``, with CellDumpCallback
 from the YAML ``callbacks:`` entry. The CPU patches are ``examples/mcore_cpu_patches.py``
-(one copy; ``mcore_cpu_patches`` here re-exports it).
+(one copy; ``tests/mcore_cpu_patches.py`` loads it).
 
 ``train`` adds, for tests only:
 
@@ -118,11 +118,11 @@ def train(argv: List[str]) -> int:
 # -- check ------------------------------------------------------------------------------------
 def build_model(model: str, mode: str = "pynative", weights: Optional[str] = None):
     """Build the tiny ``model`` of its example YAML (CPU patches applied), optionally with saved weights."""
-    sys.path.insert(0, EXAMPLES)
-    import mcore_cpu_patches
     from mindformers import MindFormerConfig
     from mindformers.core.context import build_context
     from mindformers.models.build_model import build_network
+
+    from tests import mcore_cpu_patches
 
     config = MindFormerConfig(config_path(model))
     config.context.mode = 0 if mode == "graph" else 1
