@@ -9,9 +9,10 @@ relies on (MindSpore 2.9):
   MindFormers' ``for i in range(n): self.layers[i](...)`` is compiled as a graph loop
   that switches between the layers' constructs, and that path rejects a
   ``*args, **kwargs`` wrapper ("parameters number ... provided arguments");
-* the generated source is registered with ``linecache`` (the parser reads source), its
-  module name is ours, and everything it uses comes in as closure variables (the
-  parser resolves closures, not the ``exec`` namespace);
+* the generated source is a real file while attached (capture/generated_sources.py: the
+  parser reads source, and MindSpore's debug info reads the file), its module name is
+  ours, and everything it uses comes in as closure variables (the parser resolves
+  closures, not the ``exec`` namespace);
 * no ``for`` loops: MindSpore may compile a loop whose body holds capture ops into a
   graph while-loop whose index is no longer a constant; sequences are walked by
   recursion instead;
@@ -22,10 +23,13 @@ A construct with ``*args``/``**kwargs`` itself gets a generic varargs wrapper.
 
 from __future__ import annotations
 
+import ast
 import inspect
-import linecache
-from typing import Callable, List
+from dataclasses import dataclass
+from typing import Callable, List, Optional
 
+from mf_celldump.capture.backends.base import GraphFace
+from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.selection import SelectedCell
 from mf_celldump.capture.signature import ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
@@ -34,9 +38,30 @@ from mf_celldump.rawformat.keys import SLOT_ARG, SLOT_CODES, SLOT_KWARG, SLOT_OU
 _GENERATED_MODULE = __name__
 
 
-def _graph_helpers(probe: Callable):
-    """Graph-parsable helpers shared by both graph wrapper shapes."""
+@dataclass(frozen=True)
+class _GraphHelpers:
+    """The graph-parsable functions a generated ``construct`` closes over."""
+
+    capture: Callable  # (value, head, path, use_in, note) -> value
+    capture_items: Callable  # (items, head, path, flags, index, note) -> tuple
+    capture_output: Callable  # (out, head, flags, note) -> out
+    after: Callable  # (value, note) -> the note left for later probes of the call
+    note_constants: Callable  # (cell_id, leaves) -> note; 0 when the backend records none
+    constants_of: Callable  # (value, slot_code, path) -> ((slot_code, path, value), ...)
+    constants_of_items: Callable  # (items, slot_code, path, index) -> the same, for a sequence
+
+
+def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _GraphHelpers:
+    """Graph-parsable helpers shared by both graph wrapper shapes.
+
+    Only tensors are handed to probes that may replace them; a non-tensor value is
+    returned as the same object. Constant non-tensor values are collected at compile time
+    (``constants_of``, pure) and reach the raw files through the ``note`` of the call's
+    first tensor probe, so no operation touches them and they stay compile-time constants.
+    """
+    from mindspore import Tensor
     from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
+    from mindspore.ops.functional import isconstant
     from mindspore.ops.primitive import constexpr
 
     @constexpr
@@ -47,79 +72,153 @@ def _graph_helpers(probe: Callable):
     def extend(path, index):
         return path + (index,)
 
-    def capture_items(items, head, path, flags, index):
+    @constexpr
+    def leaf(slot_code, path, value):
+        return ((slot_code, path, value),)
+
+    @constexpr
+    def no_note(cell_id, leaves):
+        return 0
+
+    def has_tensor(value):
+        if isinstance(value, Tensor):
+            return True
+        if isinstance(value, (tuple, list)):
+            if is_dynamic_length(value):
+                return False  # passed through uncaptured
+            return items_have_tensor(tuple(value))
+        return False
+
+    def items_have_tensor(items):
+        if not items:
+            return False
+        if has_tensor(items[0]):
+            return True
+        return items_have_tensor(items[1:])
+
+    def after(value, note):
+        if has_tensor(value):
+            return 0
+        return note
+
+    def constants_of(value, slot_code, path):
+        if isinstance(value, Tensor):
+            return ()
+        if isinstance(value, (tuple, list)):
+            return constants_of_items(tuple(value), slot_code, path, 0)
+        if isinstance(value, dict):
+            return ()  # dicts pass through uncaptured
+        if isconstant(value):
+            return leaf(slot_code, path, value)
+        return ()
+
+    def constants_of_items(items, slot_code, path, index):
+        if is_dynamic_length(items):
+            return ()
+        if not items:
+            return ()
+        first = constants_of(items[0], slot_code, extend(path, index))
+        return first + constants_of_items(items[1:], slot_code, path, index + 1)
+
+    def capture_items(items, head, path, flags, index, note):
         if is_dynamic_length(items):
             return items  # length unknown at compile time: passed through uncaptured
         if not items:
             return ()
-        first = capture(items[0], head, extend(path, index), uses_in(flags, index))
-        return (first,) + capture_items(items[1:], head, path, flags, index + 1)
+        first = capture(items[0], head, extend(path, index), uses_in(flags, index), note)
+        return (first,) + capture_items(items[1:], head, path, flags, index + 1, after(items[0], note))
 
-    def capture(value, head, path, use_in):
+    def capture(value, head, path, use_in, note):
         if isinstance(value, tuple):
-            return capture_items(value, head, path, use_in, 0)
+            return capture_items(value, head, path, use_in, 0, note)
         if isinstance(value, list):
-            return list(capture_items(tuple(value), head, path, use_in, 0))
-        return probe(value, head, path, use_in)
+            return list(capture_items(tuple(value), head, path, use_in, 0, note))
+        if isinstance(value, Tensor):
+            return probe(value, head, path, use_in, note)
+        if isconstant(value):
+            return value  # the same object: a compile-time constant stays one
+        return probe(value, head, path, use_in, 0)  # a variable scalar (``mutable``)
 
-    def capture_output(out, head, flags):
+    def capture_output(out, head, flags, note):
         if isinstance(out, tuple):
-            return capture_items(out, head, (), flags, 0)
-        return capture(out, head, (0,), uses_in(flags, 0))
+            return capture_items(out, head, (), flags, 0, note)
+        return capture(out, head, (0,), uses_in(flags, 0), note)
 
-    return capture, capture_items, capture_output
+    return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
+                         constants_of, constants_of_items)
 
 
-def graph_construct(selected: SelectedCell, modes: ArgModes, probe: Callable) -> Callable:
-    """A graph-parsable ``construct``; ``probe`` is the backend's graph probe function."""
+def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, sources: GeneratedSources) -> Callable:
+    """A graph-parsable ``construct`` capturing through the backend's graph face."""
     original = selected.cell.construct
     slots = param_slots(original, selected.params)
     in_flags = tuple(modes.input_mode(i) == "in" for i in range(len(modes.input_modes)))
     out_flags = tuple(modes.output_mode(i) == "in" for i in range(len(modes.output_modes)))
     heads = {slot: (selected.cell_id, SLOT_CODES[slot]) for slot in SLOTS}
-    capture, capture_items, capture_output = _graph_helpers(probe)
+    records_constants = face.constants_function()
+    helpers = _graph_helpers(face.probe_function(), records_constants)
     if any(slot.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for slot in slots):
-        return _varargs_graph_construct(original, slots, heads, in_flags, out_flags,
-                                        capture, capture_items, capture_output)
-    return _generated_graph_construct(original, slots, heads, in_flags, out_flags, capture, capture_output)
+        return _varargs_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
+                                        records_constants is not None)
+    return _generated_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
+                                      records_constants is not None, sources)
+
+
+def _literal(value) -> Optional[str]:
+    """Source text for a default that is a plain literal (the parser then sees the value
+    itself, as in the original), else None."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        text = repr(value)
+        try:
+            if ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value):
+                return text
+        except (ValueError, SyntaxError):
+            return None
+    return None
 
 
 def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags, out_flags,
-                               capture, capture_output) -> Callable:
+                               helpers: _GraphHelpers, records_constants: bool,
+                               sources: GeneratedSources) -> Callable:
     """Source for a wrapper with exactly the original's parameters, compiled and registered."""
-    params, body, call = ["self"], [], []
+    params, body, call, constants = ["self"], [], [], []
     kw_only_seen = False
     for slot in slots:
         if slot.kind == inspect.Parameter.KEYWORD_ONLY and not kw_only_seen:
             params.append("*")
             kw_only_seen = True
-        params.append(f"{slot.name}=None" if slot.default is not inspect.Parameter.empty else slot.name)
-        if slot.slot == SLOT_ARG:
-            use_in = slot.index < len(in_flags) and in_flags[slot.index]
-            body.append(f"{slot.name} = _mfcd_capture({slot.name}, {heads[SLOT_ARG]!r}, "
-                        f"({slot.index},), {use_in!r})")
-            call.append(slot.name)
+        if slot.default is inspect.Parameter.empty:
+            params.append(slot.name)
         else:
-            body.append(f"{slot.name} = _mfcd_capture({slot.name}, {heads[SLOT_KWARG]!r}, "
-                        f"({slot.index},), False)")
-            call.append(f"{slot.name}={slot.name}")
+            params.append(f"{slot.name}={_literal(slot.default) or 'None'}")
+        head = heads[SLOT_ARG] if slot.slot == SLOT_ARG else heads[SLOT_KWARG]
+        use_in = slot.slot == SLOT_ARG and slot.index < len(in_flags) and in_flags[slot.index]
+        constants.append(f"_mfcd_constants_of({slot.name}, {head[1]!r}, ({slot.index},))")
+        body.append(f"{slot.name} = _mfcd_capture({slot.name}, {head!r}, ({slot.index},), {use_in!r}, _mfcd_note)")
+        body.append(f"_mfcd_note = _mfcd_after({slot.name}, _mfcd_note)")
+        call.append(slot.name if slot.slot == SLOT_ARG else f"{slot.name}={slot.name}")
+    if records_constants and constants:
+        note = f"_mfcd_note = _mfcd_note_constants({heads[SLOT_ARG][0]!r}, {' + '.join(constants)})"
+    else:
+        note = "_mfcd_note = 0"
     lines = [
-        "def _mfcd_make(_mfcd_original, _mfcd_capture, _mfcd_capture_output, _mfcd_out_head,",
-        "               _mfcd_out_flags):",
+        "def _mfcd_make(_mfcd_original, _mfcd_capture, _mfcd_capture_output, _mfcd_after, _mfcd_note_constants,",
+        "               _mfcd_constants_of, _mfcd_out_head, _mfcd_out_flags):",
         f"    def construct({', '.join(params)}):",
+        f"        {note}",
         *[f"        {line}" for line in body],
         f"        _mfcd_out = _mfcd_original({', '.join(call)})",
-        "        return _mfcd_capture_output(_mfcd_out, _mfcd_out_head, _mfcd_out_flags)",
+        "        return _mfcd_capture_output(_mfcd_out, _mfcd_out_head, _mfcd_out_flags, _mfcd_note)",
         "    return construct",
         "",
     ]
     source = "\n".join(lines)
-    file_name = f"<mf_celldump generated construct {id(original):x}>"
-    linecache.cache[file_name] = (len(source), None, source.splitlines(True), file_name)
+    file_name = sources.add(f"construct_{heads[SLOT_ARG][0]}", source)
     namespace = {"__name__": _GENERATED_MODULE}
     exec(compile(source, file_name, "exec"), namespace)  # noqa: S102 - our own generated source
     make = namespace["_mfcd_make"]
-    construct = make(original, capture, capture_output, heads[SLOT_OUTPUT], out_flags)
+    construct = make(original, helpers.capture, helpers.capture_output, helpers.after, helpers.note_constants,
+                     helpers.constants_of, heads[SLOT_OUTPUT], out_flags)
     positional_defaults = tuple(
         slot.default for slot in slots
         if slot.kind != inspect.Parameter.KEYWORD_ONLY and slot.default is not inspect.Parameter.empty
@@ -133,7 +232,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
 
 
 def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, out_flags,
-                             capture, capture_items, capture_output) -> Callable:
+                             helpers: _GraphHelpers, records_constants: bool) -> Callable:
     """For a construct taking ``*args``/``**kwargs``: positional values by position, named
     keywords by their parameter's slot, other keywords passed through."""
     from mindspore.ops.primitive import constexpr
@@ -141,29 +240,54 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
     named = {slot.name: (SLOT_CODES[slot.slot], slot.index) for slot in slots if slot.slot}
     arg_head, out_head = heads[SLOT_ARG], heads[SLOT_OUTPUT]
     cell_id = arg_head[0]
+    capture, capture_items, capture_output = helpers.capture, helpers.capture_items, helpers.capture_output
+    after, note_constants = helpers.after, helpers.note_constants
+    constants_of, constants_of_items = helpers.constants_of, helpers.constants_of_items
 
     @constexpr
     def keyword_head(name):
         slot_code, index = named.get(name, (-1, -1))
         return (cell_id, slot_code), index
 
-    def capture_kwargs(kwargs, names):
+    def kwargs_constants(kwargs, names):
+        if not names:
+            return ()
+        head, index = keyword_head(names[0])
+        rest = kwargs_constants(kwargs, names[1:])
+        if index >= 0:
+            return constants_of(kwargs[names[0]], head[1], (index,)) + rest
+        return rest
+
+    def capture_kwargs(kwargs, names, note):
         if not names:
             return {}
-        captured = capture_kwargs(kwargs, names[1:])
         name = names[0]
         head, index = keyword_head(name)
         if index >= 0:
-            captured[name] = capture(kwargs[name], head, (index,), False)
+            value = capture(kwargs[name], head, (index,), False, note)
+            captured = capture_kwargs(kwargs, names[1:], after(kwargs[name], note))
+            captured[name] = value
         else:
+            captured = capture_kwargs(kwargs, names[1:], note)
             captured[name] = kwargs[name]  # absorbed by **kwargs: no stable index to name it by
         return captured
 
+    def kwargs_after(kwargs, names, note):
+        if not names:
+            return note
+        head, index = keyword_head(names[0])
+        if index >= 0:
+            return kwargs_after(kwargs, names[1:], after(kwargs[names[0]], note))
+        return kwargs_after(kwargs, names[1:], note)
+
     def construct(self, *args, **kwargs):
-        new_args = capture_items(args, arg_head, (), in_flags, 0)
-        new_kwargs = capture_kwargs(kwargs, tuple(kwargs.keys()))
+        note = 0
+        if records_constants:
+            note = note_constants(cell_id, constants_of_items(args, arg_head[1], (), 0)
+                                  + kwargs_constants(kwargs, tuple(kwargs.keys())))
+        new_args = capture_items(args, arg_head, (), in_flags, 0, note)
+        new_kwargs = capture_kwargs(kwargs, tuple(kwargs.keys()), after(args, note))
         out = original(*new_args, **new_kwargs)
-        return capture_output(out, out_head, out_flags)
+        return capture_output(out, out_head, out_flags, kwargs_after(kwargs, tuple(kwargs.keys()), after(args, note)))
 
     return construct
-

@@ -26,6 +26,7 @@ from mf_celldump.capture.backends import (
     create_backend,
 )
 from mf_celldump.capture.construct_patch import InstalledConstruct, install
+from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.graph_wrapper import graph_construct
 from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.pynative_wrapper import pynative_construct
@@ -128,6 +129,7 @@ class CellDump:
         self.graph_mode = False
         self.attached = False
         self._installed: List[InstalledConstruct] = []
+        self._sources = GeneratedSources()
         self._running: Optional[int] = None  # the step between begin_step and end_step
         self._primitives = primitives  # AscendPrimitives given to attach(), else None
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
@@ -176,7 +178,7 @@ class CellDump:
         for selected in self.cells:
             arg_modes = modes.get(selected.name, DEFAULT_MODES)
             if graph_mode:
-                construct = graph_construct(selected, arg_modes, face.probe_function())
+                construct = graph_construct(selected, arg_modes, face, self._sources)
             else:
                 construct = pynative_construct(selected, arg_modes, face, self.runtime,
                                                self.config.captures_forward, self.config.captures_backward)
@@ -202,6 +204,7 @@ class CellDump:
         for installed in reversed(self._installed):
             installed.restore()
         self._installed.clear()
+        self._sources.remove()
         self.runtime.closed = True
         self.runtime.stop_step()
         if self.backend is not None:

@@ -68,11 +68,26 @@ class PyNativeFace(ABC):
 
 
 class GraphFace(ABC):
-    """Capture in graph mode: one graph-parsable probe function."""
+    """Capture in graph mode: one graph-parsable probe function, and optionally a recorder of
+    the non-tensor values a call receives."""
 
     @abstractmethod
     def probe_function(self) -> Callable:
-        """``probe(value, head, path, use_in) -> value``; ``head`` = (cell id, slot code)."""
+        """``probe(value, head, path, use_in, note) -> value``; ``head`` = (cell id, slot code).
+
+        A non-tensor ``value`` must come back as the very same object, with no operation
+        applied to it: a value that is a constant to MindSpore's compiler (``None``, a Python
+        int, a flag) has to stay one for the wrapped ``construct`` (issue 13). ``note`` is
+        the id ``constants_function`` gave for this call's constant values, handed to the
+        first tensor probe of the call (0 for the others): emitting those values when that
+        probe runs records them once per call without any op of their own.
+        """
+
+    def constants_function(self) -> Optional[Callable]:
+        """A ``constexpr`` ``note(cell_id, leaves) -> int`` run at compile time, ``leaves`` being
+        ``((slot code, path, value), ...)`` for the call's constant non-tensor values; None
+        when this backend records no non-tensor values in graph mode."""
+        return None
 
 
 class CaptureBackend:

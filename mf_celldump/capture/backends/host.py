@@ -4,15 +4,21 @@ Python runs when the op executes, in either mode, so this works wherever MindSpo
 runs pyfunc ops (CPU and GPU, PyNative and graph). The op takes ``(x, key)`` where
 ``key`` is a small int32 tensor (dtype code + probe key codes), so one op instance
 serves every probe. Its ``bprop`` passes the incoming gradient through a second
-pyfunc op that records it. Their outputs feed the graph, so the compiler keeps them;
-only the op recording non-tensor values (whose output is unused) carries
-``side_effect_io``. Execution is asynchronous in graph mode, so the session
-synchronises before marking a step complete.
+pyfunc op that records it. Their outputs feed the graph, so the compiler keeps them.
+
+Non-tensor values in graph mode: a constant (``None``, a Python int or flag) is noted at
+compile time in a table of this backend, and the call's first tensor probe carries the
+note's id in its key, so the values are written when that probe runs, once per call,
+with no op touching them (an op on a constant, even one whose output is unused, made
+MindSpore treat it as a variable: issue 13). A value that is not a compile-time constant
+(a ``mutable`` scalar) goes through the ``side_effect_io`` value op as before.
+Execution is asynchronous in graph mode, so the session synchronises before marking a
+step complete.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Dict, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -23,12 +29,12 @@ from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, Gr
 from mf_celldump.dtypes import dtype_names, mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.rawformat.keys import (
     BACKWARD,
+    CODE_SLOTS,
     FORWARD,
     KIND_BOOL,
     KIND_CODES,
     KIND_FLOAT,
     KIND_INT,
-    KIND_NONE,
     KIND_TENSOR,
     UNKNOWN_CALL,
     ProbeKey,
@@ -91,6 +97,22 @@ class HostBackend(CaptureBackend):
         self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                    func_type="pyfunc")
         self.value_op.add_prim_attr("side_effect_io", True)
+        # Graph-mode constant values, filled at compile time: note id -> (cell id, leaves).
+        self.constants: Dict[int, tuple] = {}
+        self._constant_notes: Dict[tuple, int] = {}
+
+    def note_constants(self, cell_id: int, leaves) -> int:
+        """Compile time: keep the recordable constants of one call site; their note id (0: none)."""
+        recorded = tuple((CODE_SLOTS[slot_code], tuple(path), kind_of_value(value), value)
+                         for slot_code, path, value in leaves if kind_of_value(value) is not None)
+        if not recorded:
+            return 0
+        ident = (cell_id, tuple((slot, path, kind, repr(value)) for slot, path, kind, value in recorded))
+        note = self._constant_notes.get(ident)
+        if note is None:
+            note = self._constant_notes[ident] = len(self._constant_notes) + 1
+            self.constants[note] = (cell_id, recorded)
+        return note
 
     def _emit(self, data, key, direction: str) -> None:
         """Runs inside a capture op: write the value of the running step, if it is captured."""
@@ -98,8 +120,10 @@ class HostBackend(CaptureBackend):
         if not runtime.active:
             return
         codes = np.asarray(key).reshape(-1).tolist()
-        probe = ProbeKey.from_codes(codes[1:], direction)
+        probe = ProbeKey.from_codes(codes[2:], direction)
         sink = self.context.sink
+        if codes[1] and direction == FORWARD:
+            self._emit_constants(sink, codes[1])
         if probe.kind != KIND_TENSOR:
             sink.value(probe, scalar_of_kind(probe.kind, data))
             return
@@ -115,6 +139,11 @@ class HostBackend(CaptureBackend):
             stats = compute_statistics(array, self.config.statistics)
             sink.statistics(probe, mindspore_dtype_name(dtype), array.shape, stats, seq)
 
+    def _emit_constants(self, sink, note: int) -> None:
+        cell_id, recorded = self.constants[note]
+        for slot, path, kind, value in recorded:
+            sink.value(ProbeKey(cell_id, FORWARD, slot, kind, path, None), value)
+
     def pynative(self) -> PyNativeFace:
         return HostPyNative(self)
 
@@ -129,7 +158,7 @@ class HostPyNative(PyNativeFace):
     def forward(self, value, key: ProbeKey, mode: str):
         backend = self.backend
         if isinstance(value, Tensor):
-            codes = Tensor(_dtype_code(value.dtype) + key.to_codes(), dtype=ms.int32)
+            codes = Tensor(_dtype_code(value.dtype) + (0,) + key.to_codes(), dtype=ms.int32)
             return backend.probe_op(value, codes)
         kind = kind_of_value(value)
         if kind is not None and backend.config.captures_forward:
@@ -149,31 +178,38 @@ class HostGraph(GraphFace):
         forward_enabled = self.backend.config.captures_forward
         int32, int64, float32, bool_ = ms.int32, ms.int64, ms.float32, ms.bool_
         key_codes = _make_graph_key_codes()
-        none_code, bool_code = KIND_CODES[KIND_NONE], KIND_CODES[KIND_BOOL]
-        int_code, float_code = KIND_CODES[KIND_INT], KIND_CODES[KIND_FLOAT]
+        bool_code, int_code, float_code = KIND_CODES[KIND_BOOL], KIND_CODES[KIND_INT], KIND_CODES[KIND_FLOAT]
 
-        def graph_probe(value, head, path, use_in):
+        def graph_probe(value, head, path, use_in, note):
             if isinstance(value, Tensor):
-                return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype), int32))
-            if forward_enabled:
-                if value is None:
-                    value_op(Tensor(0, int32), Tensor(key_codes(head, none_code, path, None), int32))
-                elif isinstance(value, bool):
-                    value_op(Tensor(value, bool_), Tensor(key_codes(head, bool_code, path, None), int32))
+                return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32))
+            if forward_enabled:  # a variable scalar; constants come through notes
+                if isinstance(value, bool):
+                    value_op(Tensor(value, bool_), Tensor(key_codes(head, bool_code, path, None, 0), int32))
                 elif isinstance(value, int):
-                    value_op(Tensor(value, int64), Tensor(key_codes(head, int_code, path, None), int32))
+                    value_op(Tensor(value, int64), Tensor(key_codes(head, int_code, path, None, 0), int32))
                 elif isinstance(value, float):
-                    value_op(Tensor(value, float32), Tensor(key_codes(head, float_code, path, None), int32))
+                    value_op(Tensor(value, float32), Tensor(key_codes(head, float_code, path, None, 0), int32))
             return value
 
         return graph_probe
 
+    def constants_function(self) -> Callable:
+        backend = self.backend
+
+        @constexpr
+        def note_constants(cell_id, leaves):
+            # Runs in Python at graph compile time: the leaves are constants.
+            return backend.note_constants(cell_id, leaves) if backend.config.captures_forward else 0
+
+        return note_constants
+
 
 def _make_graph_key_codes():
     @constexpr
-    def graph_key_codes(head, kind_code, path, ms_dtype):
+    def graph_key_codes(head, kind_code, path, ms_dtype, note):
         # Runs in Python at graph compile time: everything here is a constant.
         dtype = _dtype_code(ms_dtype) if ms_dtype is not None else (_NO_DTYPE,)
-        return dtype + (head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
+        return dtype + (note, head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
 
     return graph_key_codes

@@ -198,7 +198,7 @@ class TensorDumpGraph(GraphFace):
         sep = self.backend.stem_separator
         graph_path = _make_graph_path()
 
-        def graph_probe(value, head, path, use_in):
+        def graph_probe(value, head, path, use_in, note):
             if isinstance(value, Tensor):
                 if backward_enabled:
                     # A forward "in" dump pairs with a gradient "out" hook: MindSpore's parallel pass
