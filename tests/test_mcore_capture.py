@@ -40,8 +40,7 @@ pytestmark = [
         reason="this MindFormers has no mcore training models (mindformers.models.*.modeling_*_train)"),
 ]
 
-GRAPH_XFAIL = pytest.mark.xfail(strict=False, reason="issue 13 item 1: graph wrapper constants")
-MODES = ["pynative", pytest.param("graph", marks=GRAPH_XFAIL)]
+MODES = ["pynative", "graph"]
 TASKS = ["tensor", "statistics"]
 STEPS = (0, 2)
 LAYERS = 2
@@ -162,7 +161,6 @@ def test_trains_and_dumps_every_decoder_layer(runs, model, mode, task):
 
 @pytest.mark.parametrize("model", mcore_models.MODELS)
 @pytest.mark.parametrize("task", TASKS)
-@GRAPH_XFAIL
 def test_graph_and_pynative_dump_the_same_entries(runs, model, task):
     """Graph mode infers call numbers from execution order; they must match PyNative's, which knows them."""
     pynative = _trained(runs, model, "pynative", task)
@@ -316,13 +314,25 @@ def test_loss_cells(runs, model, mode):
 
 
 # -- values against independent computation ------------------------------------------------------------
+# DeepSeek-V3's MLA attention has different gradients in Graph and PyNative mode on CPU, with or
+# without capture (losses of step 1: 6.309371 Graph, 6.309464 PyNative): the PyNative re-run is no
+# reference for them in Graph mode. What Graph mode captured there is checked for consistency instead
+# (test_graph_mla_gradients_are_consistent).
+MLA_GRAPH_DIFFERENCES = {
+    "model.decoder.layers.0.self_attention backward output.0",
+    "model.decoder.layers.1.self_attention backward output.0",
+    "model.mtp.layers.0.transformer_layer backward output.0",
+}
+
+
 @pytest.mark.parametrize("model", mcore_models.MODELS)
 @pytest.mark.parametrize("mode", MODES)
 def test_values_match_rerun_cells_and_mindspore_grad(runs, model, mode):
     run = _trained(runs, model, mode, "tensor")
     checks = run["checks"]
     assert checks is not None, run.get("check_output", "")[-5000:]
-    failed = [c for c in checks if not c["ok"]]
+    allowed = MLA_GRAPH_DIFFERENCES if (model, mode) == ("deepseek3", "graph") else set()
+    failed = [c for c in checks if not c["ok"] and c["what"] not in allowed]
     assert not failed, failed
     checked = {c["what"] for c in checks}
     for cell, _cls, backward in mcore_models.CHECKS[model]:
@@ -331,24 +341,79 @@ def test_values_match_rerun_cells_and_mindspore_grad(runs, model, mode):
             assert f"{cell} backward output.0" in checked, cell
 
 
+def test_graph_mla_gradients_are_consistent(runs):
+    """In Graph mode the gradient reaching ``linear_kvb``'s output is exactly the gradient of the
+    attention's key (its no-RoPE part) and value, head by head: the captured pairs fit together."""
+    run = _trained(runs, "deepseek3", "graph", "tensor")
+    for layer in ("model.decoder.layers.0", "model.decoder.layers.1", "model.mtp.layers.0.transformer_layer"):
+        attention = f"Cell.{layer}.self_attention."
+        d_kv = _tensor(run, 0, attention + "linear_kvb.ColumnParallelLinear.backward.0.input.0").reshape(16, 2, 4, 32)
+        d_key = _tensor(run, 0, attention + "core_attention.FlashAttention.backward.0.output.1")
+        d_value = _tensor(run, 0, attention + "core_attention.FlashAttention.backward.0.output.2")
+        np.testing.assert_array_equal(d_kv[..., :16], d_key[..., :16])
+        np.testing.assert_array_equal(d_kv[..., 16:], d_value)
+
+
+# Morph-wrapped embeddings: MindFormers' ``embedding_infer_dtype`` gives the Morph output the dtype of
+# input_ids (int32); the real output is float32.
+MORPH_EMBEDDINGS = ("Cell.model.embedding.word_embeddings.VocabParallelEmbedding.forward.0.output.0.npy",
+                    "Cell.model.mtp.embedding.word_embeddings.MtpSharedVocabParallelEmbedding.forward.0.output.0.npy")
+
+
 @pytest.mark.parametrize("model", mcore_models.MODELS)
-@GRAPH_XFAIL
 def test_graph_values_equal_pynative_values(runs, model):
-    """Same weights, same data: every captured tensor of step 0 agrees between the two modes."""
+    """Same weights, same data: the captured tensors of step 0 agree between the two modes (forward
+    tensors; gradients too for Qwen3, see MLA_GRAPH_DIFFERENCES for DeepSeek-V3)."""
     pynative = _trained(runs, model, "pynative", "tensor")
     graph = _trained(runs, model, "graph", "tensor")
     folder = "step0/rank/dump_tensor_data"
     files = sorted(os.listdir(pynative["dump"] / folder))
     assert files == sorted(os.listdir(graph["dump"] / folder))
+    compared = 0
     for name in files:
+        if name in MORPH_EMBEDDINGS or (model == "deepseek3" and ".backward." in name):
+            continue
         want = np.load(pynative["dump"] / folder / name)
         got = np.load(graph["dump"] / folder / name)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+        assert got.dtype == want.dtype, name
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
+        compared += 1
+    assert compared > 150
 
 
-# DeepSeek-V3's MTP block takes two Parameters as arguments (the shared embedding and output weights).
-MTP_BLOCK = "Cell.model.mtp.MultiTokenPredictionBlock.forward.0"
-PARAMETER_ARGUMENTS = {(MTP_BLOCK, "input_args", 8), (MTP_BLOCK, "input_args", 11)}
+@pytest.mark.parametrize("model", mcore_models.MODELS)
+@pytest.mark.xfail(strict=True, reason=(
+    "capture bug (found by this test): in Graph mode the host capture op takes a value's dtype from the "
+    "compiler's abstract; a Morph's abstract comes from its infer_dtype, and MindFormers' "
+    "embedding_infer_dtype returns the int32 of input_ids: the float32 embedding output is captured as "
+    "int32 zeros"))
+def test_graph_morph_embedding_output_is_captured_as_computed(runs, model):
+    run = _trained(runs, model, "graph", "tensor")
+    embedding = _tensor(run, 0, "Cell.model.embedding.word_embeddings.VocabParallelEmbedding.forward.0.output.0")
+    outer = _tensor(run, 0, "Cell.model.embedding.LanguageModelEmbedding.forward.0.output.0")  # (S, B, H)
+    assert embedding.dtype == np.float32
+    np.testing.assert_array_equal(embedding, outer.transpose(1, 0, 2))
+
+
+def _parameter_arguments(tensor_run):
+    """(entry, "input_args", index) of step-0 forward arguments that are model parameters (the tensor
+    task captured them before the step, so they equal the initial weights)."""
+    weights = _initial_weights(tensor_run)
+    by_shape = {}
+    for value in weights.values():
+        by_shape.setdefault(value.shape, []).append(value)
+    found = set()
+    for name, entry in _data(tensor_run, 0)["data"].items():
+        if ".forward." not in name:
+            continue
+        for index, node in enumerate(entry["input_args"]):
+            if isinstance(node, dict) and node.get("type") == "mindspore.Tensor" and node["dtype"] == "Float32":
+                shape = tuple(node["shape"])
+                if shape in by_shape:
+                    value = _tensor(tensor_run, 0, node["data_name"][:-4])
+                    if any(np.array_equal(value, w) for w in by_shape[shape]):
+                        found.add((name, "input_args", index))
+    return found
 
 
 def _stat_mismatches(tensor_run, stats_run, select):
@@ -372,10 +437,12 @@ def _stat_mismatches(tensor_run, stats_run, select):
 @pytest.mark.parametrize("model", mcore_models.MODELS)
 @pytest.mark.parametrize("mode", MODES)
 def test_statistics_task_matches_tensor_task(runs, model, mode):
-    """Training is unchanged by capture, so both tasks see the same tensors: same statistics."""
+    """Training is unchanged by capture, so both tasks see the same tensors: same statistics
+    (Parameters passed as arguments apart: test_statistics_of_parameter_arguments_...)."""
     tensor = _trained(runs, model, mode, "tensor")
     stats = _trained(runs, model, mode, "statistics")
-    assert not _stat_mismatches(tensor, stats, lambda where: where not in PARAMETER_ARGUMENTS)
+    parameters = _parameter_arguments(tensor)
+    assert not _stat_mismatches(tensor, stats, lambda where: where not in parameters)
 
 
 @pytest.mark.parametrize("mode", [
@@ -383,13 +450,15 @@ def test_statistics_task_matches_tensor_task(runs, model, mode):
         "capture bug (found by this test): PyNative statistics (device_stats backend) queue the tensor "
         "and reduce it at the end of the step, after the optimizer updated Parameters passed as "
         "arguments in place; their statistics are of the updated weights"))),
-    pytest.param("graph", marks=GRAPH_XFAIL)])
+    "graph"])
 def test_statistics_of_parameter_arguments_are_taken_when_the_cell_runs(runs, mode):
-    """The MTP block gets the embedding and output weights as arguments; step 0 must record the
-    weights step 0 used (as the tensor task does), not the weights after the optimizer step."""
+    """DeepSeek-V3's MTP block and its embedding get the shared embedding and output weights as
+    arguments; step 0 must record the weights step 0 used (as the tensor task does)."""
     tensor = _trained(runs, "deepseek3", mode, "tensor")
     stats = _trained(runs, "deepseek3", mode, "statistics")
-    assert not _stat_mismatches(tensor, stats, lambda where: where in PARAMETER_ARGUMENTS)
+    parameters = _parameter_arguments(tensor)
+    assert len(parameters) >= 4
+    assert not _stat_mismatches(tensor, stats, lambda where: where in parameters)
 
 
 def _leaves(node):
