@@ -356,8 +356,11 @@ def test_graph_mla_gradients_are_consistent(runs):
 
 # Morph-wrapped embeddings: MindFormers' ``embedding_infer_dtype`` gives the Morph output the dtype of
 # input_ids (int32); the real output is float32.
-MORPH_EMBEDDINGS = ("Cell.model.embedding.word_embeddings.VocabParallelEmbedding.forward.0.output.0.npy",
-                    "Cell.model.mtp.embedding.word_embeddings.MtpSharedVocabParallelEmbedding.forward.0.output.0.npy")
+# Its output and the gradient w.r.t. it are affected.
+MORPH_EMBEDDINGS = tuple(f"{cell}.{which}.0.npy" for cell in (
+    "Cell.model.embedding.word_embeddings.VocabParallelEmbedding",
+    "Cell.model.mtp.embedding.word_embeddings.MtpSharedVocabParallelEmbedding") for which in (
+    "forward.0.output", "backward.0.input"))
 
 
 @pytest.mark.parametrize("model", mcore_models.MODELS)
@@ -367,18 +370,56 @@ def test_graph_values_equal_pynative_values(runs, model):
     pynative = _trained(runs, model, "pynative", "tensor")
     graph = _trained(runs, model, "graph", "tensor")
     folder = "step0/rank/dump_tensor_data"
-    files = sorted(os.listdir(pynative["dump"] / folder))
-    assert files == sorted(os.listdir(graph["dump"] / folder))
+    files = sorted(set(os.listdir(pynative["dump"] / folder)) & set(os.listdir(graph["dump"] / folder)))
     compared = 0
     for name in files:
         if name in MORPH_EMBEDDINGS or (model == "deepseek3" and ".backward." in name):
             continue
+        if ".ApplyRotaryPosEmb.backward." in name:
+            continue  # Graph mode pairs the two calls' gradients the other way round (test below)
         want = np.load(pynative["dump"] / folder / name)
         got = np.load(graph["dump"] / folder / name)
         assert got.dtype == want.dtype, name
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
         compared += 1
     assert compared > 150
+
+
+@pytest.mark.parametrize("model,mode", [
+    ("qwen3", "pynative"), ("deepseek3", "pynative"), ("deepseek3", "graph"),
+    pytest.param("qwen3", "graph", marks=pytest.mark.xfail(strict=True, reason=(
+        "capture bug (found by this test): in Graph mode a cell called twice on different tensors, not "
+        "in a chain (Qwen3's apply_rotary_pos_emb on query, then key), gets its backward calls numbered "
+        "the other way round: backward.0 holds the key's gradient (2 heads), forward.0 the query (4)")))])
+def test_backward_call_k_pairs_with_forward_call_k(runs, model, mode):
+    """For every cell called more than once per step, backward.k's input gradients have the shapes of
+    forward.k's inputs (Qwen3 rotary: query 4 heads, key 2; DeepSeek-V3 MLA has one rotary cell each)."""
+    run = _trained(runs, model, mode, "tensor")
+    data = _data(run, 0)["data"]
+    multi = sorted({n.rsplit(".", 2)[0] for n in data if n.endswith(".forward.1")})
+    assert multi, "some cell is called twice per step"
+    for cell in multi:
+        calls = _calls(set(data), cell)
+        assert calls["forward"] == calls["backward"], cell
+        for k in calls["forward"]:
+            forward, backward = data[f"{cell}.forward.{k}"], data[f"{cell}.backward.{k}"]
+            for i, grad in enumerate(backward["output"]):
+                if isinstance(grad, dict) and grad.get("type") == "mindspore.Tensor":
+                    assert grad["shape"] == forward["input_args"][i]["shape"], (cell, k, i)
+
+
+@pytest.mark.parametrize("model", [
+    pytest.param("qwen3", marks=pytest.mark.xfail(strict=True, reason=(
+        "capture bug (found by this test): Graph mode loses captured values the compiler can drop: "
+        "PreprocessLabelsAndMasks outputs 0 and 2 (labels, loss_mask: unused later in Qwen3, used by "
+        "DeepSeek-V3's MTP, where they are captured) and the second call's rotary tensor of "
+        "apply_rotary_pos_emb (the same tensor and probe as the first call) are null in dump.json"))),
+    "deepseek3"])
+def test_graph_captures_every_tensor_pynative_captures(runs, model):
+    pynative = _trained(runs, model, "pynative", "tensor")
+    graph = _trained(runs, model, "graph", "tensor")
+    folder = "step0/rank/dump_tensor_data"
+    assert sorted(os.listdir(graph["dump"] / folder)) == sorted(os.listdir(pynative["dump"] / folder))
 
 
 @pytest.mark.parametrize("model", mcore_models.MODELS)
