@@ -15,7 +15,6 @@ drifting during the run affects both alike; the ratio of the medians is the cost
 
 from __future__ import annotations
 
-import copy
 import os
 import statistics as stats_mod
 import sys
@@ -32,52 +31,15 @@ BATCH = 2
 
 def _networks(mode: str, seed: int):
     """(plain train cell, train cell to capture): two tiny Qwen3 with the same initial weights."""
-    import mindspore as ms
-    from mindformers import MindFormerConfig
-    from mindformers.core.context import build_context
-    from mindformers.models.build_model import build_network
-    from mindspore import nn
+    from tests import mcore_models
 
-    from tests import mcore_cpu_patches
-
-    config = MindFormerConfig(os.path.join(REPO, "examples", "tiny_qwen3.yaml"))
-    config.context.mode = 0 if mode == "graph" else 1
-    for key, value in MODEL.items():
-        config.model.model_config[key] = value
-    build_context(config)
-    mcore_cpu_patches.apply(mode)
-
-    class LossOnly(nn.Cell):
-        """labels by position 4 of GPTModel's construct; the LM loss alone (no MTP here)."""
-
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def construct(self, input_ids, labels):
-            return self.net(input_ids, None, None, None, labels)[0]
-
-    cells = []
-    for _ in range(2):
-        ms.set_seed(seed)
-        net = build_network(copy.deepcopy(config.model))
-        net.set_train(True)
-        train = nn.TrainOneStepCell(LossOnly(net), nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3))
-        train.set_train(True)
-        cells.append(train)
-    return cells
+    return mcore_models.twin_train_cells("qwen3", mode, seed, MODEL)
 
 
 def _batches(count: int, seed: int):
-    import numpy as np
-    from mindspore import Tensor
+    from tests import mcore_models
 
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        tokens = rng.integers(1, MODEL["vocab_size"], size=(BATCH, MODEL["seq_length"] + 1)).astype(np.int32)
-        out.append((Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:])))
-    return out
+    return mcore_models.token_batches(count, BATCH, MODEL["seq_length"], MODEL["vocab_size"], seed)
 
 
 def _step(train, batch, sync, dump=None, step=None) -> tuple:

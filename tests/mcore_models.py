@@ -2,6 +2,7 @@
 
     python tests/mcore_models.py train [--initial-weights F] [--ascend-named-tensordump] -- <runner args>
     python tests/mcore_models.py check --model qwen3 --dump DIR --weights F --out RESULT.json
+    python tests/mcore_models.py numerics --model qwen3 --mode pynative --task tensor
 
 The models are the YAMLs of ``examples/`` (``tiny_qwen3.yaml``, ``tiny_deepseek3.yaml``: fp32,
 dropout 0, 2 layers of width 64, vocab 128, seq 16, batch 2) trained through
@@ -138,6 +139,85 @@ def build_model(model: str, mode: str = "pynative", weights: Optional[str] = Non
             raise RuntimeError(f"parameters not in {weights}: {not_loaded}")
     network.set_train(True)
     return network
+
+
+def twin_train_cells(model: str, mode: str, seed: int = 0, sizes: Optional[dict] = None, count: int = 2):
+    """``count`` identical ``nn.TrainOneStepCell`` (same seed) of the example ``model``, resized by ``sizes``.
+
+    Plain ``TrainOneStepCell`` + ``AdamWeightDecay`` on a cell returning the LM loss (labels by
+    position 4 of GPTModel's construct): what the benchmark and the numerics test compare with and
+    without capture, in one process."""
+    import copy
+
+    import mindspore as ms
+    from mindformers import MindFormerConfig
+    from mindformers.core.context import build_context
+    from mindformers.models.build_model import build_network
+    from mindspore import nn
+
+    from tests import mcore_cpu_patches
+
+    config = MindFormerConfig(config_path(model))
+    config.context.mode = 0 if mode == "graph" else 1
+    for key, value in (sizes or {}).items():
+        config.model.model_config[key] = value
+    build_context(config)
+    mcore_cpu_patches.apply(mode)
+
+    class LossOnly(nn.Cell):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def construct(self, input_ids, labels):
+            return self.net(input_ids, None, None, None, labels)[0]
+
+    cells = []
+    for _ in range(count):
+        ms.set_seed(seed)
+        net = build_network(copy.deepcopy(config.model))
+        net.set_train(True)
+        train = nn.TrainOneStepCell(LossOnly(net), nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3))
+        train.set_train(True)
+        cells.append(train)
+    return cells
+
+
+def token_batches(count: int, batch: int, seq_length: int, vocab_size: int, seed: int = 0) -> list:
+    """(input_ids, labels) tensor pairs; labels are the next tokens."""
+    import numpy as np
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        tokens = rng.integers(1, vocab_size, size=(batch, seq_length + 1)).astype(np.int32)
+        out.append((Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:])))
+    return out
+
+
+def numerics(argv: List[str]) -> int:
+    """Train a network with capture attached and its twin without, alternately; print both losses."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=MODELS, required=True)
+    parser.add_argument("--mode", choices=("pynative", "graph"), required=True)
+    parser.add_argument("--task", choices=("tensor", "statistics"), required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("LOCAL_DEFAULT_PATH", os.path.abspath("mf_output"))
+    import mf_celldump
+
+    plain, captured = twin_train_cells(args.model, args.mode)
+    dump = mf_celldump.attach(captured, {"dump_path": os.path.abspath("dump"), "task": args.task, "data_mode": "all"})
+    losses = []
+    for step, batch in enumerate(token_batches(args.steps, 2, 16, 128)):
+        loss_plain = float(plain(*batch).asnumpy())
+        with dump.step(step):
+            loss_captured = float(captured(*batch).asnumpy())
+        losses.append([loss_plain, loss_captured])
+    dump.detach()
+    print("LOSSES " + json.dumps(losses), flush=True)
+    return 0
 
 
 class DumpFolder:
@@ -284,10 +364,11 @@ def check(argv: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "check"):
+    commands = {"train": train, "check": check, "numerics": numerics}
+    if not argv or argv[0] not in commands:
         print(__doc__)
         return 2
-    return train(argv[1:]) if argv[0] == "train" else check(argv[1:])
+    return commands[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ class Runs:
     """Training runs (and their value checks) in subprocesses, two at a time, started on first use."""
 
     KEYS = [(model, mode, task) for mode in ("pynative", "graph") for model in mcore_models.MODELS
-            for task in TASKS] + [(model, "pynative", "modes") for model in mcore_models.MODELS]
+            for task in TASKS] + [(model, "pynative", "modes") for model in mcore_models.MODELS] + [
+        ("qwen3", mode, "numerics") for mode in ("pynative", "graph")]
 
     def __init__(self, root):
         self.root = root
@@ -70,6 +71,11 @@ class Runs:
     def _run(self, model, mode, task):
         cwd = self.root / f"{model}-{mode}-{task}"
         cwd.mkdir()
+        if task == "numerics":
+            proc = mcore_models.run_driver(["numerics", "--model", model, "--mode", mode, "--task", "statistics"],
+                                           cwd=str(cwd))
+            output, _ = proc.communicate(timeout=600)
+            return {"rc": proc.returncode, "output": output, "cwd": cwd}
         driver = ["train", "--initial-weights", "initial.ckpt"]
         dump = ["--dump", f"task={'tensor' if task == 'modes' else task}", "--dump", "steps=0,2"]
         steps = "3"
@@ -506,6 +512,23 @@ def _leaves(node):
     if isinstance(node, list):
         return [leaf for item in node for leaf in _leaves(item)]
     return [node] if isinstance(node, dict) else []
+
+
+# -- training numerics ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", [
+    pytest.param("pynative", marks=pytest.mark.xfail(strict=True, reason=(
+        "capture bug (found by this test): with capture attached in PyNative, Qwen3's loss after the "
+        "first optimizer step differs in the last bits (4.810022354 vs 4.810024261 without capture, "
+        "either task; the captured run then equals Graph mode's)"))),
+    "graph"])
+def test_training_numerics_bitwise_unchanged_by_capture(runs, mode):
+    """Two identical Qwen3 (same seed) trained side by side, one with capture: the same losses, bit for bit."""
+    run = runs.get("qwen3", mode, "numerics")
+    assert run["rc"] == 0, run["output"][-5000:]
+    losses = json.loads(next(line for line in run["output"].splitlines() if line.startswith("LOSSES "))[7:])
+    assert len(losses) == 3
+    for plain, captured in losses:
+        assert captured == plain, losses
 
 
 # -- layer mapping modes ---------------------------------------------------------------------------------------
