@@ -731,7 +731,8 @@ def driver(args) -> int:
             f"machine: {meta['machine']}",
             f"versions: {meta['versions']}",
             f"command: {meta['command']}",
-            f"steps measured: {args.steps} (after {args.warmup} uncaptured + 1 captured warm-up)",
+            f"steps measured: {args.steps}" + (f" (LLaMA: after {args.warmup} uncaptured + 1 captured warm-up)"
+                                               if results else " (after the first step of each network)"),
             f"load average start/end: {meta['loadavg_start']} / {meta['loadavg_end']}",
             f"total wall: {meta['total_wall_s']:.0f} s",
             "",
