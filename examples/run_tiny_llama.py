@@ -3,7 +3,7 @@
 ``--model llama`` (default) trains the legacy LLaMA of ``tiny_llama.yaml``; ``--model qwen3``
 and ``--model deepseek3`` the mcore Qwen3 and DeepSeek-V3 (MLA, MoE with a shared expert,
 MTP) of ``tiny_qwen3.yaml`` / ``tiny_deepseek3.yaml``, with the CPU patches of
-``mcore_cpu_patches.py``. It does what ``run_mindformer.py --config tiny_llama.yaml --register_path DIR`` does
+``mcore_cpu_patches.py``. It does what ``run_mindformer.py --config <that YAML> --register_path DIR`` does
 (``DIR`` = ``mf-celldump register-path``), plus what a CPU needs: synthetic MindRecord
 data and the CPU-only workarounds of ``cpu_workarounds.py``. MindFormers' and
 MindSpore's own output goes to ``<output-dir>/run_tiny_llama.log`` (``--verbose`` shows
