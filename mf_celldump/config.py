@@ -200,6 +200,7 @@ class DumpConfig:
     layer_mapping: Tuple[str, ...] = ("auto",)
     statistics: Tuple[str, ...] = DEFAULT_STATISTICS
     backend: str = "auto"
+    parameters: bool = True
     process_on_train_end: bool = True
     process_timeout: float = DEFAULT_PROCESS_TIMEOUT
     jobs: Optional[int] = None
@@ -212,6 +213,16 @@ class DumpConfig:
     @property
     def captures_backward(self) -> bool:
         return self.data_mode in ("backward", "all")
+
+    @property
+    def captures_weights(self) -> bool:
+        """Each forward entry gets ``parameters`` (the cell's own weights), as msprobe's L0 dump."""
+        return self.parameters and self.captures_forward
+
+    @property
+    def captures_weight_gradients(self) -> bool:
+        """``parameters_grad`` entries (gradients of each cell's own weights), as msprobe's L0 dump."""
+        return self.parameters and self.captures_backward
 
     def resolved_dump_path(self, output_dir: Optional[str] = None) -> str:
         """``dump_path`` or, when unset, ``<output_dir>/celldump`` (MindFormers' convention).
@@ -290,11 +301,12 @@ class DumpConfig:
             kwargs["statistics"] = tuple(dict.fromkeys(stats))
         if "backend" in values:
             kwargs["backend"] = _choice("backend", values["backend"], BACKENDS)
-        if "process_on_train_end" in values:
-            flag = values["process_on_train_end"]
-            if not isinstance(flag, bool):
-                raise ConfigError(_bad("process_on_train_end", flag, "true or false"))
-            kwargs["process_on_train_end"] = flag
+        for key in ("parameters", "process_on_train_end"):
+            if key in values:
+                flag = values[key]
+                if not isinstance(flag, bool):
+                    raise ConfigError(_bad(key, flag, "true or false"))
+                kwargs[key] = flag
         if "process_timeout" in values:
             timeout = values["process_timeout"]
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):

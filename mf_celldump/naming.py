@@ -14,6 +14,10 @@ from typing import Optional, Tuple
 FORWARD = "forward"
 BACKWARD = "backward"
 DIRECTIONS = (FORWARD, BACKWARD)
+# A forward entry's field holding the cell's own weights ({name: T}), and the entry kind
+# holding their gradients: Cell.{cell}.{Class}.parameters_grad.{n} = {name: [T]}.
+PARAMETERS = "parameters"
+PARAMETERS_GRAD = "parameters_grad"
 
 DUMP_JSON = "dump.json"
 CONSTRUCT_JSON = "construct.json"
@@ -61,8 +65,19 @@ def arg_label(path: Tuple[int, ...], kwarg_name: Optional[str] = None) -> str:
 
 
 def data_name(entry: str, io: str, label: str) -> str:
-    """``{entry}.{input|output}.{label}.npy`` (the file in dump_tensor_data/)."""
+    """``{entry}.{input|output}.{label}.npy`` (the file in dump_tensor_data/); a weight of a forward
+    entry: ``{entry}.parameters.{weight}.npy``."""
     return f"{entry}.{io}.{label}.npy"
+
+
+def parameters_grad_entry_name(cell_name: str, class_name: str, n: int) -> str:
+    """``Cell.{cell}.{Class}.parameters_grad.{n}``; ``n`` counts the gradients of the cell's weights in the step."""
+    return f"{cell_prefix(cell_name, class_name)}.{PARAMETERS_GRAD}.{n}"
+
+
+def parameters_grad_data_name(entry: str, weight: str) -> str:
+    """``{parameters_grad entry}.{weight}.npy``."""
+    return f"{entry}.{weight}.npy"
 
 
 def split_entry_name(entry: str) -> Tuple[str, str, str, int]:

@@ -18,14 +18,14 @@ STEP_DONE_FILE = "_step_done.json"
 KBK_DIR = "kbk"
 PROCESSED_DIR = "_processed"
 PROCESSING_LOCK = ".processing.lock"
-RAW_FORMAT = "mf_celldump-raw/1"
+RAW_FORMAT = "mf_celldump-raw/2"
 
 FORWARD, BACKWARD = "forward", "backward"
 SLOT_ARG, SLOT_KWARG, SLOT_OUTPUT = "a", "k", "o"
 KIND_TENSOR, KIND_INT, KIND_FLOAT, KIND_BOOL, KIND_NONE = "t", "i", "f", "b", "n"
 
 RAW_FILE_RE = re.compile(
-    r"^c(?P<cell>\d+)\.(?P<dir>[fb])\.(?P<slot>[ako])\.(?P<kind>[tifbn])\.n(?P<call>\d+|x)"
+    r"^c(?P<cell>\d+)\.(?P<dir>[fb])\.(?P<slot>[akowg])\.(?P<kind>[tifbn])\.n(?P<call>\d+|x)"
     r"\.p(?P<path>\d+(?:\.\d+)*)(?P<in>_in)?_(?P<dtype>[A-Za-z0-9]+)_(?P<seq>\d+)\.npy$"
 )
 

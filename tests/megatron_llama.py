@@ -11,7 +11,8 @@ weights are [out, in] on both sides. The batch is ``MEGATRON_DIR/batch.npz``.
 Each ``--run`` is one PyNative training step (forward and backward, SGD with learning
 rate 0 so the weights stay) dumped into ``OUT/NAME``:
 
-* ``--tool ours`` (default): through mf_celldump's public API (``attach`` ... ``process``);
+* ``--tool ours`` (default): through mf_celldump's public API (``attach`` ... ``process``),
+  in PyNative or (``--mode graph``) graph mode;
 * ``--tool msprobe``: through msprobe's own MindSpore L0 dumper (tests/msprobe_dumpers.py).
 
 Variants change our side only: ``clean``; ``perturb`` scales
@@ -82,13 +83,14 @@ def apply_variant(params: dict, variant: str) -> dict:
     return params
 
 
-def build(cfg: TinyGPT, params: dict):
-    """LlamaForCausalLM of the same sizes, PyNative CPU, with ``params`` loaded; plus its train step."""
+def build(cfg: TinyGPT, params: dict, mode: str = "pynative"):
+    """LlamaForCausalLM of the same sizes, on CPU (PyNative or graph mode), with ``params`` loaded;
+    plus its train step."""
     import mindspore as ms
     from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
     from mindspore import nn
 
-    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     config = LlamaConfig(
         batch_size=cfg.batch_size,
         seq_length=cfg.seq_length,
@@ -169,6 +171,8 @@ def main(argv=None) -> int:
     parser.add_argument("out")
     parser.add_argument("--run", action="append", required=True, metavar="NAME[:VARIANT[:TASK]]")
     parser.add_argument("--tool", choices=("ours", "msprobe"), default="ours")
+    parser.add_argument("--mode", choices=("pynative", "graph"), default="pynative",
+                        help="execution mode of our runs (msprobe's dumper runs in PyNative only)")
     args = parser.parse_args(argv)
     import mindspore  # noqa: F401  (before msprobe)
     import numpy as np
@@ -181,7 +185,8 @@ def main(argv=None) -> int:
     for spec in args.run:
         name, _, rest = spec.partition(":")
         variant, _, task = rest.partition(":")
-        net, train = build(cfg, apply_variant(base, variant or "clean"))
+        mode = args.mode if args.tool == "ours" else "pynative"
+        net, train = build(cfg, apply_variant(base, variant or "clean"), mode)
         target = os.path.join(args.out, name)
         if args.tool == "ours":
             loss = dump_ours(train, batch, target, task or "tensor")

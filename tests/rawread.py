@@ -47,7 +47,7 @@ def read_step(step_dir, manifest):
         for k, (key, value) in enumerate(occurrences):
             if key.call is not None:
                 call = key.call
-            elif direction == fmt.FORWARD:
+            elif direction == fmt.FORWARD or slot == "g":  # weight gradients count in order
                 call = k
             else:
                 call = count - 1 - k

@@ -40,6 +40,11 @@ def _output(dump_path, step):
         data = json.load(handle)["data"]
     leaves = {}
     for entry, body in data.items():
+        if ".parameters_grad." in entry:  # {weight: [T]}
+            leaves.update(((entry, "parameters_grad", name), items[0]) for name, items in body.items())
+            continue
+        for name, leaf in body.get("parameters", {}).items():
+            leaves[(entry, "parameters", name)] = leaf
         for io, values in (("input", body["input_args"]), ("output", body["output"])):
             for index, leaf in enumerate(values):
                 if leaf is not None and leaf.get("type") == "mindspore.Tensor":
@@ -109,6 +114,7 @@ def _assert_same_values(got_path, got_step, want_path, want_step, rtol=1e-5, ato
     for name, array in got_arrays.items():
         np.testing.assert_allclose(array, want_arrays[name], rtol=rtol, atol=atol, err_msg=name)
     assert any(".backward." in n for n in got_arrays) and any(".forward." in n for n in got_arrays)
+    assert any(".parameters_grad." in n for n in got_arrays) and any(".parameters." in n for n in got_arrays)
 
 
 def test_steps_1_3_give_exactly_step1_and_step3_with_pynative_values(graph_run, reference):
@@ -284,7 +290,7 @@ def test_statistics_give_forward_and_backward_values(tmp_path, reference, op_nam
         got, _ = _output(str(tmp_path), step)
         want, _ = _output(reference, step)
         assert set(got) == set(want), set(got) ^ set(want)
-        assert {k[0].split(".")[-2] for k in got} == {"forward", "backward"}
+        assert {k[0].split(".")[-2] for k in got} == {"forward", "backward", "parameters_grad"}
         for key, leaf in got.items():
             assert leaf["dtype"] == want[key]["dtype"] and leaf["shape"] == want[key]["shape"], key
             for stat in ("Max", "Min", "Mean", "Norm"):

@@ -86,6 +86,10 @@ def _expected_keys():
             if name == "gate":
                 keys.add((name, "forward", "a", (1,), call))  # the int 2
                 keys.add((name, "forward", "k", (3,), call))  # keyword-only shift=0.5
+        if cn.CAPTURED_CELLS[name] == "Dense":  # weights once per step, their gradients once per step
+            for index in range(2):
+                keys.add((name, "forward", "w", (index,), 0))
+                keys.add((name, "backward", "g", (index,), 0))
     return keys
 
 
@@ -112,6 +116,52 @@ def test_every_record_and_value(tmp_path, mode, backend):
         assert records[("gate", "forward", "k", (3,), 0)]["value"] == 0.5
         _check_forward_values(records, weights[step])
         _check_backward_values(records, weights[step])
+        _check_weight_values(records, manifest, weights[step])
+
+
+def _check_weight_values(records, manifest, weights):
+    """Slot w holds the network's parameters before the step, slot g exactly ``mindspore.grad``
+    of the loss w.r.t. them (msprobe's ``parameters`` / ``parameters_grad``)."""
+    net = cn.make_net(weights)
+    params = net.trainable_params()
+    _, grads = ms.value_and_grad(net, None, params)(cn.make_input())
+    by_name = {p.name: (weights[p.name], g.asnumpy()) for p, g in zip(params, grads)}
+    seen = 0
+    for cell in manifest["cells"]:
+        for index, weight in enumerate(cell["weights"]):
+            value, grad = by_name[f"{cell['name']}.{weight}"]
+            np.testing.assert_array_equal(records[(cell["name"], "forward", "w", (index,), 0)], value)
+            np.testing.assert_array_equal(records[(cell["name"], "backward", "g", (index,), 0)], grad,
+                                          err_msg=f"{cell['name']}.{weight}")
+            seen += 1
+    assert seen == len(params)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_weight_statistics_and_switch(tmp_path, mode):
+    """Statistics task: the weights' and weight gradients' statistics are those of the network's
+    parameters and of ``mindspore.grad``; ``parameters: false`` records neither."""
+    _, weights, _, _ = _train(mode, {"dump_path": str(tmp_path / "on"), "task": "statistics", "steps": "1"}, steps=2)
+    _train(mode, {"dump_path": str(tmp_path / "off"), "task": "statistics", "steps": "1", "parameters": False},
+           steps=2)
+    manifest, steps = _raw_steps(str(tmp_path / "on"))
+    records = read_step(steps[1], manifest)
+    cn.set_mode("pynative")
+    net = cn.make_net(weights[1])
+    params = net.trainable_params()
+    _, grads = ms.value_and_grad(net, None, params)(cn.make_input())
+    by_name = {p.name: (weights[1][p.name], g.asnumpy()) for p, g in zip(params, grads)}
+    for cell in manifest["cells"]:
+        for index, weight in enumerate(cell["weights"]):
+            for direction, slot, want in zip(("forward", "backward"), "wg", by_name[f"{cell['name']}.{weight}"]):
+                stats = records[(cell["name"], direction, slot, (index,), 0)]["stats"]
+                got = [stats[k] for k in ("Max", "Min", "Mean", "Norm")]
+                np.testing.assert_allclose(got, [want.max(), want.min(), want.mean(), np.linalg.norm(want)],
+                                           rtol=1e-6, atol=1e-9)
+    manifest_off, steps_off = _raw_steps(str(tmp_path / "off"))
+    records_off = read_step(steps_off[1], manifest_off)
+    assert not [key for key in records_off if key[2] in ("w", "g")]
+    assert all(cell["weights"] == [] for cell in manifest_off["cells"])
 
 
 def _fresh_cell(weights, name):

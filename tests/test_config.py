@@ -51,6 +51,7 @@ def test_defaults():
     assert cfg.statistics == DEFAULT_STATISTICS
     assert cfg.backend == "auto"
     assert cfg.process_on_train_end is True
+    assert cfg.parameters is True and cfg.captures_weights and cfg.captures_weight_gradients
     assert cfg.process_timeout == 1800.0
     assert cfg.jobs is None
     assert cfg.captures_forward and cfg.captures_backward
@@ -69,6 +70,7 @@ def test_keys_are_the_dataclass_fields():
         "layer_mapping",
         "statistics",
         "backend",
+        "parameters",
         "process_on_train_end",
         "process_timeout",
         "jobs",
@@ -95,6 +97,7 @@ def test_config_is_frozen():
         ("statistic", "statistics"),
         ("backends", "backend"),
         ("process_on_train", "process_on_train_end"),
+        ("paramters", "parameters"),
         ("job", "jobs"),
     ],
 )
@@ -383,6 +386,23 @@ def test_process_on_train_end_good(flag):
 @pytest.mark.parametrize("bad", ["true", "yes", 1, 0, None])
 def test_process_on_train_end_bad(bad):
     config_error({"process_on_train_end": bad}, "process_on_train_end", repr(bad), "true or false")
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_parameters_good(flag):
+    cfg = DumpConfig.from_dict({"parameters": flag})
+    assert cfg.parameters is flag and cfg.captures_weights is flag and cfg.captures_weight_gradients is flag
+
+
+@pytest.mark.parametrize("bad", ["false", "no", 0, None])
+def test_parameters_bad(bad):
+    config_error({"parameters": bad}, "parameters", repr(bad), "true or false")
+
+
+@pytest.mark.parametrize("data_mode, weights, grads", [("forward", True, False), ("backward", False, True)])
+def test_parameters_follow_data_mode(data_mode, weights, grads):
+    cfg = DumpConfig.from_dict({"data_mode": data_mode})
+    assert (cfg.captures_weights, cfg.captures_weight_gradients) == (weights, grads)
 
 
 @pytest.mark.parametrize("timeout", [0.5, 1, 3600])

@@ -40,9 +40,13 @@ def _leaf_count(rank_dir):
     with open(os.path.join(rank_dir, "dump.json")) as handle:
         data = json.load(handle)["data"]
     count = 0
-    for body in data.values():
-        for value in list(body["input_args"]) + list(body["input_kwargs"].values()) + list(body["output"]):
-            count += value is not None and value.get("type") == "mindspore.Tensor"
+    for name, body in data.items():
+        if ".parameters_grad." in name:  # {weight: [T]}
+            values = [t for items in body.values() for t in items]
+        else:
+            values = list(body["input_args"]) + list(body["input_kwargs"].values()) + list(body["output"])
+            values += list(body.get("parameters", {}).values())
+        count += sum(value is not None and value.get("type") == "mindspore.Tensor" for value in values)
     return count
 
 
@@ -69,7 +73,10 @@ def test_perturbed_layer_is_where_mismatches_start(tmp_path, mode):
     a = _run(mode, "tensor", str(tmp_path / "a"), perturb=True, steps=1)
     b = _run(mode, "tensor", str(tmp_path / "b"), steps=1)
     rows = _tensor_rows(compare_rows(os.path.join(a, "step0"), os.path.join(b, "step0"), str(tmp_path / "o")))
-    forward = [r for r in rows if ".forward." in r["NPU Name"]]
+    weights = {r["NPU Name"]: float(r["MaxAbsErr"]) for r in rows if ".parameters." in r["NPU Name"]}
+    assert weights.pop(f"Cell.{PERTURBED}.Dense.forward.0.parameters.weight") == pytest.approx(0.05)
+    assert weights and all(err == 0.0 for err in weights.values())
+    forward = [r for r in rows if ".forward." in r["NPU Name"] and ".parameters." not in r["NPU Name"]]
     first_bad = next(i for i, r in enumerate(forward) if float(r["MaxAbsErr"]) > 0)
     assert forward[first_bad]["NPU Name"] == f"Cell.{PERTURBED}.Dense.forward.0.output.0"
     assert float(forward[first_bad]["Cosine"]) < 1.0

@@ -122,7 +122,7 @@ def test_numeric_argument_order_kwargs_nesting_and_values(dump):
     assert [o["data_name"].rsplit(".output.", 1)[1] for o in output[1]] == ["1.0.npy", "1.1.npy"]
     assert output[2] == {"type": "float", "value": 0.5}
     assert output[3] == {"type": "bool", "value": True}
-    assert output[4] == {"type": "None", "value": None}
+    assert output[4] is None  # a None value is a bare null, as msprobe writes it
     assert output[5] == {"type": "int", "value": 42}
 
 

@@ -68,18 +68,36 @@ def test_manifest_version_is_checked_on_read(tmp_path):
 
 
 def test_manifest_written_by_the_package_reads_back(tmp_path):
-    cell = manifest.CellRecord(0, "model.layers.0", "Layer", params=("x", "mask"))
+    cell = manifest.CellRecord(0, "model.layers.0", "Layer", params=("x", "mask"), weights=("weight", "bias"))
     written = manifest.Manifest(rank=2, distributed=True, task="statistics", cells={0: cell},
-                                step_numbering=manifest.NUMBERING_GRAPH, graph_step_base=100)
+                                step_numbering=manifest.NUMBERING_GRAPH, graph_step_base=100, parameters=True)
     path = str(tmp_path / "manifest.json")
     manifest.write_manifest(path, written)
     read = manifest.load_manifest(path, str(tmp_path))
     assert read.cells == written.cells and read.global_step(3) == 103 and read.folder_step(103) == 3
+    assert read.parameters is True
     with open(path) as handle:
         cells = json.load(handle)["cells"]
     assert cells[0] == {
         "id": 0, "name": "model.layers.0", "class": "Layer", "module": "", "file": "", "line": None,
-        "params": ["x", "mask"]}
+        "params": ["x", "mask"], "weights": ["weight", "bias"]}
+
+
+def test_format_1_manifests_still_read_without_weights(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"format": "mf_celldump-raw/1", "task": "tensor", "rank": 0,
+                                "cells": [{"id": 0, "name": "a", "class": "A", "params": ["x"]}]}))
+    read = manifest.load_manifest(str(path), str(tmp_path))
+    assert read.parameters is False and read.cells[0].weights == ()
+
+
+@pytest.mark.parametrize("slot", [keys.SLOT_WEIGHT, keys.SLOT_WEIGHT_GRAD])
+def test_weight_slots_round_trip_through_file_names_and_codes(slot):
+    direction = keys.FORWARD if slot == keys.SLOT_WEIGHT else keys.BACKWARD
+    key = keys.ProbeKey(4, direction, slot, keys.KIND_TENSOR, (1,))
+    parsed = names.parse_raw_tensor_name(names.raw_tensor_file_name(key, "float32", 9))
+    assert parsed.key == key
+    assert keys.ProbeKey.from_codes(key.to_codes(), direction) == key
 
 
 def test_records_round_trip_and_refuse_what_is_not_ours():

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from mf_celldump.capture.parameters import weight_names
 from mf_celldump.capture.signature import construct_params
 from mf_celldump.config import DumpConfig
 from mf_celldump.rawformat.manifest import CellRecord
@@ -138,6 +139,7 @@ def select_cells(model, config: DumpConfig) -> List[SelectedCell]:
             continue
         module, file, line = _definition_site(cell)
         record = CellRecord(cell_id=len(chosen), name=name, class_name=type(cell).__name__, module=module,
-                            file=file, line=line, params=construct_params(cell))
+                            file=file, line=line, params=construct_params(cell),
+                            weights=weight_names(cell) if config.parameters else ())
         chosen.append(SelectedCell(record, cell))
     return chosen

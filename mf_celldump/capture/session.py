@@ -29,6 +29,7 @@ from mf_celldump.capture.construct_patch import InstalledConstruct, install
 from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.graph_wrapper import graph_construct
 from mf_celldump.capture.mode_arity import surplus_mode_warnings
+from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
@@ -130,6 +131,7 @@ class CellDump:
         self.attached = False
         self._installed: List[InstalledConstruct] = []
         self._sources = GeneratedSources()
+        self._parameters: Optional[ParameterCapture] = None
         self._running: Optional[int] = None  # the step between begin_step and end_step
         self._primitives = primitives  # AscendPrimitives given to attach(), else None
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
@@ -183,6 +185,11 @@ class CellDump:
                 construct = pynative_construct(selected, arg_modes, face, self.runtime,
                                                self.config.captures_forward, self.config.captures_backward)
             self._installed.append(install(selected.cell, construct))
+        if self.config.parameters:
+            self._parameters = ParameterCapture.for_cells(self.config, self.runtime, self.backend.context.sink,
+                                                          [(s.cell_id, s.cell) for s in self.cells])
+            self._parameters.capture_gradients(self.network, graph_mode,
+                                               face.gradient_probe_function() if graph_mode else None)
 
     def _manifest(self, graph_mode: bool) -> Manifest:
         import mindspore as ms
@@ -194,13 +201,15 @@ class CellDump:
         fields.update(self.backend.manifest_fields())
         return Manifest(rank=self.rank, distributed=self.distributed, task=self.config.task,
                         cells={s.cell_id: s.record for s in self.cells}, backend=self.backend.name,
-                        run_id=self.run_id, details=details, **fields)
+                        run_id=self.run_id, parameters=self.config.captures_weights, details=details, **fields)
 
     def detach(self) -> None:
         """Restore every wrapped cell, stop capture ops still compiled into graphs, close files."""
         if not self.attached:
             return
         self.end_step()
+        if self._parameters is not None:
+            self._parameters.restore()
         for installed in reversed(self._installed):
             installed.restore()
         self._installed.clear()
@@ -239,6 +248,8 @@ class CellDump:
         self._running = step
         if self.attached and self.backend is not None and self.backend.begin_step(step, self.runtime.active):
             self.writer.write_manifest(self._manifest(self.graph_mode))
+        if self._parameters is not None and self.runtime.active:
+            self._parameters.record_weights(self.writer.step_dir(step))
         return ended
 
     def end_step(self) -> Optional[StepEnd]:
@@ -250,6 +261,8 @@ class CellDump:
         if self._running is None:
             return None
         step, captured = self._running, self.runtime.active
+        if self._parameters is not None and captured:
+            self._parameters.flush()
         if self.backend is not None and self.attached:
             self.backend.end_step(step, captured)
         self.runtime.stop_step()
@@ -268,6 +281,8 @@ class CellDump:
         if self._running is None:
             return None
         step, captured = self._running, self.runtime.active
+        if self._parameters is not None:
+            self._parameters.drop_pending()
         if self.backend is not None and self.attached:
             try:
                 self.backend.abort_step(step, captured)

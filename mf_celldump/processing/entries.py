@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import naming
 from mf_celldump.rawformat.captured import Capture
+from mf_celldump.rawformat.keys import SLOT_WEIGHT, SLOT_WEIGHT_GRAD
 from mf_celldump.rawformat.manifest import CellRecord
 
 
@@ -19,12 +20,27 @@ class Entry:
     """One call of one cell in one direction: ``Cell.{name}.{Class}.{direction}.{call}``."""
 
     cell: CellRecord
-    direction: str
+    direction: str  # forward, backward, or naming.PARAMETERS_GRAD
     call: int
     name: str
     first: Tuple[int, int]
     captures: List[Capture] = field(default_factory=list)
     parent: Optional[str] = None
+    weights_only: bool = False  # so far only weights (read at step start), which do not place the entry
+
+    @property
+    def is_parameters_grad(self) -> bool:
+        return self.direction == naming.PARAMETERS_GRAD
+
+
+def _entry_kind(capture: Capture) -> str:
+    return naming.PARAMETERS_GRAD if capture.key.slot == SLOT_WEIGHT_GRAD else capture.key.direction
+
+
+def _entry_name(cell: CellRecord, kind: str, call: int) -> str:
+    if kind == naming.PARAMETERS_GRAD:
+        return naming.parameters_grad_entry_name(cell.name, cell.class_name, call)
+    return naming.entry_name(cell.name, cell.class_name, kind, call)
 
 
 def assign_calls(captures: List[Capture]) -> None:
@@ -32,7 +48,8 @@ def assign_calls(captures: List[Capture]) -> None:
 
     Per probe (cell, direction, slot, path): forward, the k-th occurrence in execution
     order is call k; backward, the k-th counted from the end is call k, so that
-    ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order.
+    ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order. A weight
+    gradient (slot ``g``) counts in order, as msprobe numbers ``parameters_grad``.
     """
     unknown: Dict[tuple, List[Capture]] = {}
     for capture in captures:
@@ -42,7 +59,7 @@ def assign_calls(captures: List[Capture]) -> None:
             capture.call = capture.key.call
     for probe, group in unknown.items():
         group.sort(key=lambda c: c.sort_key)
-        if probe[1] == naming.BACKWARD:
+        if probe[1] == naming.BACKWARD and probe[2] != SLOT_WEIGHT_GRAD:
             group.reverse()
         for call, capture in enumerate(group):
             capture.call = call
@@ -57,22 +74,51 @@ def group_entries(captures: List[Capture], cells: Dict[int, CellRecord], problem
         if cell is None:
             unknown_cells[capture.key.cell_id] = unknown_cells.get(capture.key.cell_id, 0) + 1
             continue
-        ident = (cell.cell_id, capture.key.direction, capture.call)
+        kind = _entry_kind(capture)
+        ident = (cell.cell_id, kind, capture.call)
+        weight = capture.key.slot == SLOT_WEIGHT
         entry = entries.get(ident)
         if entry is None:
-            name = naming.entry_name(cell.name, cell.class_name, capture.key.direction, capture.call)
-            entry = entries[ident] = Entry(cell, capture.key.direction, capture.call, name, capture.sort_key)
-        elif capture.sort_key < entry.first:
-            entry.first = capture.sort_key
+            entry = entries[ident] = Entry(cell, kind, capture.call, _entry_name(cell, kind, capture.call),
+                                           capture.sort_key, weights_only=weight)
+        elif not weight and (entry.weights_only or capture.sort_key < entry.first):
+            entry.first, entry.weights_only = capture.sort_key, False
         entry.captures.append(capture)
     for cell_id, count in sorted(unknown_cells.items()):
         problems.append(
             f"{count} capture(s) of cell id {cell_id}, which manifest.json does not list; skipped"
         )
-    ordered = sorted(entries.values(), key=lambda e: (e.first, e.name))
+    ordered = sorted(_called_cells_only(entries.values()), key=lambda e: (e.first, e.name))
+    _weights_for_every_call(ordered)
     for entry in ordered:
         entry.captures.sort(key=lambda c: c.sort_key)
     return ordered
+
+
+def _weights_for_every_call(entries: List[Entry]) -> None:
+    """Weights are read once per step (call 0); msprobe records them at every forward call,
+    each under its own entry's file names, so later calls get copies of call 0's captures."""
+    first: Dict[int, List[Capture]] = {}
+    for entry in entries:
+        if entry.direction != naming.FORWARD:
+            continue
+        weights = [c for c in entry.captures if c.key.slot == SLOT_WEIGHT]
+        if weights:
+            first.setdefault(entry.cell.cell_id, weights)
+        elif entry.cell.cell_id in first:
+            for capture in first[entry.cell.cell_id]:
+                copy = capture.copy()
+                copy.call = entry.call
+                entry.captures.append(copy)
+
+
+def _called_cells_only(entries) -> List[Entry]:
+    """Without the weights and weight gradients of cells that did not run in the step (msprobe
+    records them at the cell's call): a forward entry holding only weights, and the
+    ``parameters_grad`` entries of a cell with no other entry."""
+    entries = [e for e in entries if not e.weights_only]
+    ran = {e.cell.cell_id for e in entries if not e.is_parameters_grad}
+    return [e for e in entries if not e.is_parameters_grad or e.cell.cell_id in ran]
 
 
 def _ancestor_names(name: str):
@@ -91,10 +137,13 @@ def link_parents(entries: List[Entry]) -> None:
     """
     calls: Dict[Tuple[str, str], List[Entry]] = {}
     for entry in entries:  # already in execution order
-        calls.setdefault((entry.direction, entry.cell.name), []).append(entry)
+        if not entry.is_parameters_grad:  # not in msprobe's construct.json, no parent
+            calls.setdefault((entry.direction, entry.cell.name), []).append(entry)
     starts = {key: [e.first for e in group] for key, group in calls.items()}
     parent_cell: Dict[Tuple[str, str], Optional[str]] = {}
     for entry in entries:
+        if entry.is_parameters_grad:
+            continue
         lookup = (entry.direction, entry.cell.name)
         if lookup not in parent_cell:
             found = None

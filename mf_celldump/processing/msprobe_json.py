@@ -14,12 +14,25 @@ from mf_celldump import naming
 from mf_celldump.dtypes import mindspore_dtype_name
 from mf_celldump.processing.entries import Entry
 from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import KIND_TENSOR, KIND_TYPE_NAMES, SLOT_KWARG
+from mf_celldump.rawformat.keys import (
+    KIND_NONE,
+    KIND_TENSOR,
+    KIND_TYPE_NAMES,
+    SLOT_KWARG,
+    SLOT_WEIGHT,
+    SLOT_WEIGHT_GRAD,
+    WEIGHT_SLOTS,
+)
+from mf_celldump.rawformat.manifest import CellRecord
 
 TENSOR_TYPE = "mindspore.Tensor"
 # A position nobody captured (an argument capture could not represent): msprobe reads null as
 # "no data" and keeps the numbering of the following arguments.
 GAP = None
+# A None argument is a bare null, as msprobe 26.2 writes it. A {"type": "None"} object is
+# read by msprobe graph_visualize as a value it cannot pair with msprobe's own null (or with
+# an argument msprobe did not record) and paints the whole node as an error.
+NONE_VALUE = None
 
 
 def label_of(capture: Capture, params: Tuple[str, ...]) -> str:
@@ -34,9 +47,33 @@ def kwarg_name(index: int, params: Tuple[str, ...]) -> str:
     return params[index] if 0 <= index < len(params) else f"kwarg{index}"
 
 
+def weight_name(index: int, cell: CellRecord) -> str:
+    """msprobe's name of the cell's weight ``index`` (the last part of the parameter's name)."""
+    return cell.weights[index] if 0 <= index < len(cell.weights) else f"weight{index}"
+
+
+def io_label_of(capture: Capture, cell: CellRecord) -> Tuple[str, str]:
+    """(io, label) naming a capture in its entry: ``input``/``output`` and an index label, or
+    ``parameters``/``parameters_grad`` and the weight's name."""
+    slot = capture.key.slot
+    if slot == SLOT_WEIGHT:
+        return naming.PARAMETERS, weight_name(capture.key.path[0], cell)
+    if slot == SLOT_WEIGHT_GRAD:
+        return naming.PARAMETERS_GRAD, weight_name(capture.key.path[0], cell)
+    return capture.key.msprobe_io, label_of(capture, cell.params)
+
+
+def data_name_of(entry: str, io: str, label: str) -> str:
+    if io == naming.PARAMETERS_GRAD:
+        return naming.parameters_grad_data_name(entry, label)
+    return naming.data_name(entry, io, label)
+
+
 def record_of(capture: Capture, data_name: Optional[str]) -> Optional[dict]:
     """The dump.json leaf for one capture (None when its file could not be read)."""
     kind = capture.key.kind
+    if kind == KIND_NONE:
+        return NONE_VALUE
     if kind != KIND_TENSOR:
         return {"type": KIND_TYPE_NAMES[kind], "value": capture.value}
     if capture.shape is None:
@@ -59,8 +96,8 @@ def index_gap_problem(captures: Iterable[Capture]) -> Optional[str]:
     children: Dict[tuple, set] = {}
     for capture in captures:
         key = capture.key
-        if key.slot == SLOT_KWARG and key.msprobe_io == "output":
-            continue  # appended after the outputs, never nested
+        if key.slot in WEIGHT_SLOTS or (key.slot == SLOT_KWARG and key.msprobe_io == "output"):
+            continue  # named, not indexed; or appended after the outputs, never nested
         group, path = (key.msprobe_io, "kw", key.path[0]), key.path[1:]
         if key.slot != SLOT_KWARG:
             group, path = (key.msprobe_io,), key.path
@@ -92,6 +129,20 @@ def _nest(pairs: List[Tuple[Tuple[int, ...], object]]) -> list:
     return out
 
 
+def weights_body(entry: Entry, leaves: Dict[int, object]) -> Dict[str, object]:
+    """``{weight name: leaf}`` of the weight captures of one entry, in the cell's order."""
+    found = sorted((c.key.path[0], weight_name(c.key.path[0], entry.cell), leaves[id(c)])
+                   for c in entry.captures if c.key.slot == SLOT_WEIGHT and id(c) in leaves)
+    return {name: leaf for _, name, leaf in found}
+
+
+def parameters_grad_body(entry: Entry, leaves: Dict[int, object]) -> dict:
+    """A ``parameters_grad`` entry: ``{weight name: [leaf]}``, as msprobe 26.2 writes it."""
+    found = sorted((c.key.path[0], weight_name(c.key.path[0], entry.cell), leaves[id(c)])
+                   for c in entry.captures if id(c) in leaves)
+    return {name: [leaf] for _, name, leaf in found}
+
+
 def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
     """``input_args``/``input_kwargs``/``output`` of one entry; ``leaves`` maps id(capture) -> leaf."""
     params = entry.cell.params
@@ -105,6 +156,8 @@ def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
         leaf = leaves[id(capture)]
         key = capture.key
         io = key.msprobe_io
+        if key.slot in WEIGHT_SLOTS:
+            continue  # weights_body / parameters_grad_body
         if key.slot == SLOT_KWARG and io == "input":
             kwargs.setdefault(kwarg_name(key.path[0], params), []).append((key.path[1:], leaf))
         elif key.slot == SLOT_KWARG:
@@ -141,11 +194,12 @@ def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[s
 
 
 def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
-                 failed: Dict[int, int]) -> Iterator[Tuple[str, Iterable[str]]]:
+                 failed: Dict[int, int], parameters: bool = False) -> Iterator[Tuple[str, Iterable[str]]]:
     """(file name, text chunks) of the three files; lazy, so generating them again (to measure) is cheap.
 
     ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; captures
-    in ``failed`` (by id) get no ``data_name``.
+    in ``failed`` (by id) get no ``data_name``. ``parameters``: every forward entry gets
+    msprobe's ``parameters`` field (``{}`` for a cell without weights).
     """
 
     def bodies():
@@ -156,7 +210,13 @@ def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
                     continue
                 has_file = data_dir is not None and capture.file is not None and id(capture) not in failed
                 leaves[id(capture)] = record_of(capture, capture.data_name if has_file else None)
-            yield entry.name, entry_body(entry, leaves)
+            if entry.is_parameters_grad:
+                yield entry.name, parameters_grad_body(entry, leaves)
+                continue
+            body = entry_body(entry, leaves)
+            if parameters and entry.direction == naming.FORWARD:
+                body[naming.PARAMETERS] = weights_body(entry, leaves)
+            yield entry.name, body
 
     yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies())
     yield naming.CONSTRUCT_JSON, [construct_json(entries)]
@@ -164,12 +224,13 @@ def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
 
 
 def construct_json(entries: List[Entry]) -> str:
-    return _one_per_line((e.name, e.parent) for e in entries)
+    """Entry -> parent; ``parameters_grad`` entries are not nodes here (msprobe places them by name)."""
+    return _one_per_line((e.name, e.parent) for e in entries if not e.is_parameters_grad)
 
 
 def stack_json(entries: List[Entry]) -> str:
     """Where each cell's class is defined; msprobe only needs the file to exist."""
-    return _one_per_line((e.name, _stack_lines(e)) for e in entries)
+    return _one_per_line((e.name, _stack_lines(e)) for e in entries if not e.is_parameters_grad)
 
 
 def _stack_lines(entry: Entry) -> List[str]:

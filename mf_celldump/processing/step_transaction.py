@@ -107,15 +107,14 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
         safe.append(entry)
         seen: Dict[Tuple[str, str], Capture] = {}
         for capture in entry.captures:
-            label = msprobe_json.label_of(capture, entry.cell.params)
-            io = capture.key.msprobe_io
+            io, label = msprobe_json.io_label_of(capture, entry.cell)
             first = seen.get((io, label))
             if first is not None:
                 problems.append(f"{capture.origin}: a second capture of {entry.name}.{io}.{label} "
                                 f"(first: {first.origin}); not used, raw data kept")
                 continue
             try:
-                capture.data_name = fsutil.check_component(naming.data_name(entry.name, io, label))
+                capture.data_name = fsutil.check_component(msprobe_json.data_name_of(entry.name, io, label))
             except fsutil.UnsafePathError as err:
                 problems.append(f"{capture.origin}: {err}; not used")
                 continue
@@ -156,9 +155,32 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
             outcome.value_files += 1
         observer.on_file()
 
+    our_links = _with_twin_links(source.raw_dir, tasks, our_links)
     runner.run(tasks, ctx.manifest.statistics, Folders(source.raw_dir or "", data_dir, our_links), on_result)
     outcome.files = outcome.tensor_files + outcome.value_files
     return failed
+
+
+def _with_twin_links(raw_dir: Optional[str], tasks: List[FileTask],
+                    our_links: Dict[Tuple[int, int], int]) -> Dict[Tuple[int, int], int]:
+    """``our_links`` plus the names this step itself gives a raw file linked more than once (a weight
+    read once per step and named under each forward call): those links are ours, not a stranger's."""
+    uses: Dict[str, int] = {}
+    for task in tasks:
+        if task.out_name is not None:
+            uses[task.name] = uses.get(task.name, 0) + 1
+    twins = {name: count for name, count in uses.items() if count > 1}
+    if not twins or raw_dir is None:
+        return our_links
+    links = dict(our_links)
+    for name, count in twins.items():
+        try:
+            info = os.lstat(os.path.join(raw_dir, name))
+        except OSError:
+            continue  # reported when the task opens it
+        key = (info.st_dev, info.st_ino)
+        links[key] = links.get(key, 0) + count - 1
+    return links
 
 
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
@@ -221,7 +243,7 @@ def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List
 
 def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
     data_dir = os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
-    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed)
+    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed, ctx.manifest.parameters)
 
 
 def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry], failed: Dict[int, int]) -> None:

@@ -36,6 +36,13 @@ class Capture:
         self.call: Optional[int] = key.call
         self.data_name: Optional[str] = None  # set when the capture is kept for the output
 
+    def copy(self) -> Capture:
+        """The same value once more (processing names it under a second entry)."""
+        twin = Capture(self.seq, self.order, self.key, self.origin, self.file, self.file_dtype, self.dtype,
+                       self.shape, dict(self.stats) if self.stats is not None else None, self.value)
+        twin.call = self.call
+        return twin
+
     @property
     def probe(self) -> Tuple[int, str, str, Tuple[int, ...]]:
         """What repeats once per call of the cell: (cell, direction, slot, index path)."""

@@ -23,7 +23,13 @@ from mf_celldump.naming import FORWARD as FORWARD
 SLOT_ARG = "a"  # positional input; path[0] is the argument index
 SLOT_KWARG = "k"  # keyword-only input; path[0] is the parameter's index in the cell's signature
 SLOT_OUTPUT = "o"  # output; path[0] is the output index (0 for a single tensor)
-SLOTS = (SLOT_ARG, SLOT_KWARG, SLOT_OUTPUT)
+# The cell's own parameters (msprobe's ``parameters`` and ``parameters_grad``); path[0] is
+# the index in the manifest cell's ``weights``. A weight (read when the step starts) has
+# direction forward, its gradient direction backward; gradient calls count in order.
+SLOT_WEIGHT = "w"
+SLOT_WEIGHT_GRAD = "g"
+SLOTS = (SLOT_ARG, SLOT_KWARG, SLOT_OUTPUT, SLOT_WEIGHT, SLOT_WEIGHT_GRAD)
+WEIGHT_SLOTS = (SLOT_WEIGHT, SLOT_WEIGHT_GRAD)
 
 # Kinds of captured value. Non-tensor Python values travel as scalar tensors.
 KIND_TENSOR = "t"
@@ -35,7 +41,7 @@ KINDS = (KIND_TENSOR, KIND_INT, KIND_FLOAT, KIND_BOOL, KIND_NONE)
 KIND_TYPE_NAMES = {KIND_INT: "int", KIND_FLOAT: "float", KIND_BOOL: "bool", KIND_NONE: "None"}
 
 # Integer codes used when a probe key travels as an int32 tensor through a graph.
-SLOT_CODES = {SLOT_ARG: 0, SLOT_KWARG: 1, SLOT_OUTPUT: 2}
+SLOT_CODES = {SLOT_ARG: 0, SLOT_KWARG: 1, SLOT_OUTPUT: 2, SLOT_WEIGHT: 3, SLOT_WEIGHT_GRAD: 4}
 KIND_CODES = {KIND_TENSOR: 0, KIND_INT: 1, KIND_FLOAT: 2, KIND_BOOL: 3, KIND_NONE: 4}
 CODE_SLOTS = {v: k for k, v in SLOT_CODES.items()}
 CODE_KINDS = {v: k for k, v in KIND_CODES.items()}

@@ -16,8 +16,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
 from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
 
-FORMAT = "mf_celldump-raw/1"
-READABLE_FORMATS = (FORMAT,)
+# /2 added the weight slots (w, g), the cells' ``weights`` and ``parameters``; /1 dumps have neither.
+FORMAT = "mf_celldump-raw/2"
+READABLE_FORMATS = ("mf_celldump-raw/1", FORMAT)
 
 # How raw step folders are numbered: "global" = the training run's global step (0-based);
 # "graph" = the graph's own step counter, which starts at 0 in every process: add
@@ -50,7 +51,11 @@ FIELDS = {
     "step_completion": f"'{COMPLETION_STEP_DONE}' (default): a step folder is complete once it holds "
                        f"_step_done.json; '{COMPLETION_TENSORDUMP}': MindSpore writes the folder after the step, "
                        "and it is complete once it holds _td_done_g{G}_{dtype}_{id}.npy, which names its global step G",
-    "cells": "list of {id, name, class, module, file, line, params}: params are construct's parameter names",
+    "parameters": "bool: forward entries get msprobe's 'parameters' field (weights were recorded; "
+                  "false when absent)",
+    "cells": "list of {id, name, class, module, file, line, params, weights}: params are construct's parameter "
+             "names; weights the cell's own parameters as msprobe names them (last part of the parameter's "
+             "name), indexed by the w/g slots",
     "tool_version, config, data_mode, execution_mode, device, mindspore_version, model_class": "informative",
 }
 
@@ -70,10 +75,11 @@ class CellRecord:
     file: str = ""
     line: Optional[int] = None
     params: Tuple[str, ...] = ()  # construct's parameter names (without self), to name keyword inputs
+    weights: Tuple[str, ...] = ()  # the cell's own parameters (msprobe's names), indexed by the w/g slots
 
     def to_json(self) -> dict:
         return {"id": self.cell_id, "name": self.name, "class": self.class_name, "module": self.module,
-                "file": self.file, "line": self.line, "params": list(self.params)}
+                "file": self.file, "line": self.line, "params": list(self.params), "weights": list(self.weights)}
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class Manifest:
     graph_step_base: int = 0
     step_completion: str = COMPLETION_STEP_DONE
     run_id: str = ""
+    parameters: bool = False  # forward entries get msprobe's 'parameters' field
     details: Dict[str, Any] = field(default_factory=dict)  # informative: config, versions, mode
     path: str = ""  # where it was read from ("" before it is written)
 
@@ -110,7 +117,8 @@ class Manifest:
         out = {"format": FORMAT, "run_id": self.run_id, "task": self.task,
                "statistics": list(self.statistics), "backend": self.backend, "rank": self.rank,
                "distributed": self.distributed, "step_numbering": self.step_numbering,
-               "graph_step_base": self.graph_step_base, "step_completion": self.step_completion}
+               "graph_step_base": self.graph_step_base, "step_completion": self.step_completion,
+               "parameters": self.parameters}
         out.update(self.details)
         out["cells"] = [c.to_json() for c in sorted(self.cells.values(), key=lambda c: c.cell_id)]
         return out
@@ -143,6 +151,9 @@ def _cell(raw: Any, path: str) -> CellRecord:
     params = raw.get("params") or []
     if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
         raise ManifestError(f"{path}: cell {cell_id} has invalid 'params' {_short(params)}")
+    weights = raw.get("weights") or []
+    if not isinstance(weights, list) or not all(isinstance(w, str) and w for w in weights):
+        raise ManifestError(f"{path}: cell {cell_id} has invalid 'weights' {_short(weights)}")
     line = raw.get("line")
     return CellRecord(
         cell_id=cell_id,
@@ -152,6 +163,7 @@ def _cell(raw: Any, path: str) -> CellRecord:
         file=str(raw.get("file") or ""),
         line=line if isinstance(line, int) and not isinstance(line, bool) else None,
         params=tuple(params),
+        weights=tuple(weights),
     )
 
 
@@ -207,7 +219,7 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
         raise ManifestError(f"{path}: invalid 'statistics' {_short(stats)}; valid names: {', '.join(STATISTICS)}")
     numbering, base = _numbering(data, path)
     known = {"format", "run_id", "task", "statistics", "backend", "rank", "distributed", "step_numbering",
-             "graph_step_base", "step_completion", "cells"}
+             "graph_step_base", "step_completion", "parameters", "cells"}
     return Manifest(
         rank=_require(data, "rank", int, path),
         distributed=bool(data.get("distributed", False)),
@@ -219,6 +231,7 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
         graph_step_base=base,
         step_completion=_completion(data, path),
         run_id=str(data.get("run_id", "")),
+        parameters=data.get("parameters") is True,
         details={k: v for k, v in data.items() if k not in known},
         path=path,
     )

@@ -30,12 +30,12 @@ _LETTER_DIR = {v: k for k, v in _DIR_LETTER.items()}
 
 # c{cell}.{f|b}.{slot}.{kind}.n{call|x}.p{i.j.k}  + TensorDump's [_in]_{dtype}_{id}.npy
 _RAW_TENSOR_RE = re.compile(
-    r"^c(?P<cell>\d{1,9})\.(?P<dir>[fb])\.(?P<slot>[ako])\.(?P<kind>[tifbn])\.n(?P<call>\d{1,9}|x)"
+    r"^c(?P<cell>\d{1,9})\.(?P<dir>[fb])\.(?P<slot>[akowg])\.(?P<kind>[tifbn])\.n(?P<call>\d{1,9}|x)"
     r"\.p(?P<path>\d{1,6}(?:\.\d{1,6}){0,31})(?:_(?P<mode>in))?_(?P<dtype>[A-Za-z0-9]{1,32})"
     r"_(?P<seq>\d{1,18})\.npy$"
 )
 _KBK_STEM_RE = re.compile(
-    r"c(?P<cell>\d{1,9})-(?P<dir>[fb])-(?P<slot>[ako])-(?P<kind>[tifbn])-n(?P<call>\d{1,9}|x)"
+    r"c(?P<cell>\d{1,9})-(?P<dir>[fb])-(?P<slot>[akowg])-(?P<kind>[tifbn])-n(?P<call>\d{1,9}|x)"
     r"-p(?P<path>\d{1,6}(?:-\d{1,6}){0,31})"
 )
 # The file part of a kernel-by-kernel Op Name ends with our stem: TensorDump's file input as

@@ -29,7 +29,7 @@ FIELDS = {
     "seq": "int: execution order inside the process",
     "cell": "int: manifest cell id",
     "dir": "'forward' or 'backward'",
-    "slot": "'a', 'k' or 'o' (see the raw tensor file name)",
+    "slot": "'a', 'k', 'o', 'w' or 'g' (see the raw tensor file name)",
     "kind": "'t', 'i', 'f', 'b' or 'n' (see the raw tensor file name)",
     "call": "int or null: the call index, null when processing infers it",
     "path": "list of int: the index path",

@@ -48,7 +48,8 @@ def _tree() -> List[str]:
 
 def _file_name() -> List[str]:
     slots = {keys.SLOT_ARG: "input by position", keys.SLOT_KWARG: "keyword-only input",
-             keys.SLOT_OUTPUT: "output"}
+             keys.SLOT_OUTPUT: "output", keys.SLOT_WEIGHT: "the cell's own parameter `weights[path[0]]` (d `f`)",
+             keys.SLOT_WEIGHT_GRAD: "its gradient (d `b`)"}
     kinds = {keys.KIND_TENSOR: "tensor", **keys.KIND_TYPE_NAMES}
     rows = [
         ["cell", "int", "`manifest.cells[].id`"],

@@ -89,6 +89,11 @@ class GraphFace(ABC):
         when this backend records no non-tensor values in graph mode."""
         return None
 
+    def gradient_probe_function(self) -> Optional[Callable]:
+        """``probe(value, head, path) -> value`` recording a tensor that is itself a gradient (what the
+        optimizer receives) as a backward value when it runs; None if the backend cannot."""
+        return None
+
 
 class CaptureBackend:
     """One way of capturing; see the module docstring. Subclasses set ``name``, and override

@@ -93,10 +93,18 @@ class HostBackend(CaptureBackend):
 
         self.probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                    func_type="pyfunc", bprop=bprop)
-        # Non-tensor values: the op's output is unused, so only side_effect_io keeps it.
+        # Non-constant scalars (graph mode): the op's output is unused, so only side_effect_io keeps it.
         self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                    func_type="pyfunc")
         self.value_op.add_prim_attr("side_effect_io", True)
+
+        def record_body(x, key):
+            self._emit(x, key, BACKWARD)
+            return x
+
+        # Gradients the optimizer receives (parameters_grad): recorded when the op runs, never differentiated.
+        self.record_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+
         # Graph-mode constant values, filled at compile time: note id -> (cell id, leaves).
         self.constants: Dict[int, tuple] = {}
         self._constant_notes: Dict[tuple, int] = {}
@@ -203,6 +211,15 @@ class HostGraph(GraphFace):
             return backend.note_constants(cell_id, leaves) if backend.config.captures_forward else 0
 
         return note_constants
+
+    def gradient_probe_function(self) -> Callable:
+        record_op, int32 = self.backend.record_op, ms.int32
+        key_codes = _make_graph_key_codes()
+
+        def gradient_probe(value, head, path):
+            return record_op(value, Tensor(key_codes(head, 0, path, value.dtype, 0), int32))
+
+        return gradient_probe
 
 
 def _make_graph_key_codes():

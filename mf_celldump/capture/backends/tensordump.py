@@ -216,6 +216,17 @@ class TensorDumpGraph(GraphFace):
 
         return graph_probe
 
+    def gradient_probe_function(self) -> Callable:
+        dump_out, depend = self.backend.primitives.dump_out, ops.depend
+        prefix = self.backend.context.writer.placeholder_step_dir() + os.sep
+        sep = self.backend.stem_separator
+        graph_path = _make_graph_path()
+
+        def gradient_probe(value, head, path):
+            return depend(value, dump_out(graph_path(prefix, head, "b", path, sep), value))
+
+        return gradient_probe
+
 
 def _make_graph_path():
     @constexpr

@@ -1,0 +1,272 @@
+"""The captured cells' own weights and their gradients, as msprobe's L0 dump records them.
+
+msprobe 26.2 writes, for each cell, its own parameters (``parameters`` in every forward
+entry, read at the forward call) and their gradients (a
+``Cell.{name}.{Class}.parameters_grad.{n}`` entry). Here, without adding anything that
+changes the network's numbers:
+
+* **weights** are read on the host when a captured step begins (slot ``w``). Nothing
+  writes a parameter between the start of a step and the optimizer's update at its end,
+  so these are the values every forward call of the step reads, in both modes. (A cell
+  that updates a parameter inside its own forward, such as BatchNorm's moving
+  statistics, is recorded before that update; msprobe records it after.)
+* **gradients** (slot ``g``). PyNative: a hook on each captured cell's parameter
+  (``Parameter.register_hook``, as msprobe does), which keeps a reference to the
+  gradient autograd produces and returns it unchanged; the gradients are read when the
+  step ends (``flush``), after the synchronisation the step ends with anyway: reading
+  each one inside its hook would synchronise the device in the middle of the backward
+  pass once per parameter (measured: ~8 ms per gradient on the tiny LLaMA on CPU). (Wrapping the optimizer does not work
+  there: MindSpore's optimizers compile their ``construct`` even in PyNative mode.)
+  Graph mode: where the optimizer receives them. Its ``construct`` is wrapped so that
+  each gradient goes through the backend's graph gradient probe (an identity for the
+  values) before the optimizer uses it; gradients are mapped back to the cells owning
+  the parameters through the optimizer's parameter list, whose order is the order of
+  its gradients (``mindspore.nn.Optimizer``'s contract). Those are the gradients after
+  the training wrapper's reduction and loss-scale division, i.e. what the optimizer
+  applies; msprobe's parameter hooks see them before (the same values without loss
+  scaling or data parallelism).
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mf_celldump.capture.construct_patch import InstalledConstruct, install
+from mf_celldump.capture.runtime import CaptureRuntime
+from mf_celldump.capture.sink import RawSink
+from mf_celldump.config import DumpConfig
+from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
+from mf_celldump.fsutil import ensure_dir
+from mf_celldump.rawformat.keys import (
+    BACKWARD,
+    FORWARD,
+    KIND_TENSOR,
+    SLOT_CODES,
+    SLOT_WEIGHT,
+    SLOT_WEIGHT_GRAD,
+    ProbeKey,
+)
+from mf_celldump.statistics import compute_statistics
+
+logger = logging.getLogger(__name__)
+
+_GENERATED_MODULE = __name__
+
+
+def own_parameters(cell) -> List[Tuple[str, object]]:
+    """(msprobe's name, Parameter) of the parameters ``cell`` holds itself, not its children's.
+
+    msprobe names a parameter by the last dotted part of its name; a later parameter with
+    the same last part replaces an earlier one, as in msprobe's dict.
+    """
+    try:
+        found = cell.parameters_dict(recurse=False)
+    except (AttributeError, TypeError):
+        return []
+    named: Dict[str, object] = {}
+    for full_name, param in found.items():
+        named[str(full_name).rsplit(".", 1)[-1]] = param
+    return list(named.items())
+
+
+def weight_names(cell) -> Tuple[str, ...]:
+    return tuple(name for name, _ in own_parameters(cell))
+
+
+@dataclass
+class _Owner:
+    cell_id: int
+    index: int  # in the cell's weights
+
+
+@dataclass
+class ParameterCapture:
+    """Weights at step start and the optimizer's gradients, for the captured cells."""
+
+    config: DumpConfig
+    runtime: CaptureRuntime
+    sink: RawSink
+    weights: List[Tuple[_Owner, object]] = field(default_factory=list)  # (owner, Parameter)
+    owners: Dict[int, List[_Owner]] = field(default_factory=dict)  # id(Parameter) -> cells owning it
+    installed: List[InstalledConstruct] = field(default_factory=list)
+    hook_handles: List[object] = field(default_factory=list)
+    pending: List[Tuple[ProbeKey, object]] = field(default_factory=list)  # gradients to read at step end
+
+    @classmethod
+    def for_cells(cls, config: DumpConfig, runtime: CaptureRuntime, sink: RawSink, cells) -> ParameterCapture:
+        """``cells``: (cell id, cell) of every captured cell."""
+        capture = cls(config, runtime, sink)
+        for cell_id, cell in cells:
+            for index, (_, param) in enumerate(own_parameters(cell)):
+                owner = _Owner(cell_id, index)
+                capture.weights.append((owner, param))
+                if getattr(param, "requires_grad", True):
+                    capture.owners.setdefault(id(param), []).append(owner)
+        return capture
+
+    # -- weights -----------------------------------------------------------------------
+    def record_weights(self, step_dir: str) -> None:
+        """Record every captured cell's weights for the running step (call once it began)."""
+        if not (self.config.captures_weights and self.runtime.active and self.weights):
+            return
+        ensure_dir(step_dir)  # graph-mode TensorDump steps: MindSpore has not made the folder yet
+        for owner, param in self.weights:
+            self._record(ProbeKey(owner.cell_id, FORWARD, SLOT_WEIGHT, KIND_TENSOR, (owner.index,)), param)
+
+    # -- gradients ---------------------------------------------------------------------
+    def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[Callable]) -> None:
+        """PyNative: hook the parameters; graph mode: wrap the optimizer inside ``network``."""
+        if not (self.config.captures_weight_gradients and self.owners):
+            return
+        if graph_mode:
+            self.wrap_optimizer(network, gradient_probe)
+        else:
+            self.hook_parameters()
+
+    def hook_parameters(self) -> None:
+        seen = set()
+        for _, param in self.weights:
+            owners = self.owners.get(id(param))
+            if owners is None or id(param) in seen:
+                continue
+            seen.add(id(param))
+            self.hook_handles.append(param.register_hook(self._gradient_hook(owners)))
+
+    def _gradient_hook(self, owners: List[_Owner]) -> Callable:
+        capture = self
+
+        def hook(grad):
+            if capture.runtime.active:
+                for owner in owners:
+                    key = ProbeKey(owner.cell_id, BACKWARD, SLOT_WEIGHT_GRAD, KIND_TENSOR, (owner.index,))
+                    capture.pending.append((key, grad))
+            return grad
+
+        return hook
+
+    def wrap_optimizer(self, network, gradient_probe: Optional[Callable]) -> None:
+        """Wrap the optimizer inside ``network`` so the gradients it receives are recorded (graph mode)."""
+        optimizer = find_optimizer(network)
+        if optimizer is None:
+            logger.info("no mindspore.nn.Optimizer inside %s: parameters_grad is not recorded (attach to the "
+                        "training wrapper, e.g. TrainOneStepCell, to record it)", type(network).__name__)
+            return
+        table = self._gradient_table(optimizer)
+        if not table:
+            return
+        if gradient_probe is None:
+            logger.warning("this capture backend records no gradient in graph mode outside a cell: "
+                           "parameters_grad is not recorded")
+            return
+        construct = _graph_optimizer_construct(optimizer.construct, table, gradient_probe)
+        if construct is not None:
+            self.installed.append(install(optimizer, construct))
+            logger.info("parameters_grad: the gradients %s receives, for %d parameters of captured cells",
+                        type(optimizer).__name__, sum(len(v) for v in table.values()))
+
+    def _gradient_table(self, optimizer) -> Dict[int, List[_Owner]]:
+        """Gradient index -> the captured cells owning that parameter."""
+        try:
+            params = list(optimizer.parameters)
+        except (AttributeError, TypeError):
+            return {}
+        return {i: self.owners[id(p)] for i, p in enumerate(params) if id(p) in self.owners}
+
+    def flush(self) -> None:
+        """Record the gradients the hooks kept (at the end of the step, before it is marked complete)."""
+        pending, self.pending = self.pending, []
+        for key, grad in pending:
+            self._record(key, grad)
+
+    def drop_pending(self) -> None:
+        self.pending = []
+
+    # -- common ------------------------------------------------------------------------
+    def _record(self, key: ProbeKey, tensor) -> None:
+        array, dtype = host_array(tensor)
+        if self.config.task == "tensor":
+            self.sink.tensor(key, array, dtype)
+        else:
+            seq = self.runtime.next_seq()
+            stats = compute_statistics(array, self.config.statistics)
+            self.sink.statistics(key, mindspore_dtype_name(dtype), array.shape, stats, seq)
+
+    def restore(self) -> None:
+        for handle in self.hook_handles:
+            handle.remove()
+        self.hook_handles.clear()
+        for installed in reversed(self.installed):
+            installed.restore()
+        self.installed.clear()
+
+
+def host_array(tensor) -> Tuple[np.ndarray, str]:
+    """(numpy array, numpy-style dtype name); bfloat16 comes as float32 data named ``bfloat16``."""
+    import mindspore as ms
+
+    dtype = numpy_dtype_name(str(tensor.dtype))
+    if tensor.dtype == ms.bfloat16:
+        return tensor.astype(ms.float32).asnumpy(), dtype
+    return tensor.asnumpy(), dtype
+
+
+def find_optimizer(network):
+    """The ``mindspore.nn.Optimizer`` inside ``network`` (the first one found), or None."""
+    from mindspore import nn
+
+    if isinstance(network, nn.Optimizer):
+        return network
+    for _, cell in network.cells_and_names():
+        if isinstance(cell, nn.Optimizer):
+            return cell
+    return None
+
+
+def _graph_optimizer_construct(original, table: Dict[int, List[_Owner]], probe: Callable) -> Optional[Callable]:
+    """Source for an optimizer ``construct`` that passes each mapped gradient through ``probe``.
+
+    Straight-line code (no loop, see graph_wrapper's notes), the original's explicit
+    parameters, closures only; the first parameter is the gradients tuple.
+    """
+    try:
+        params = list(inspect.signature(original).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if not params or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        logger.warning("optimizer construct%s is not (gradients, ...): parameters_grad is not recorded",
+                       f"({', '.join(p.name for p in params)})")
+        return None
+    names = [p.name for p in params]
+    signature = [f"{p.name}=None" if p.default is not inspect.Parameter.empty else p.name for p in params]
+    grads = names[0]
+    slot = SLOT_CODES[SLOT_WEIGHT_GRAD]
+    items = []
+    for index in range(max(table) + 1):
+        expr = f"{grads}[{index}]"
+        for owner in table.get(index, ()):
+            expr = f"_mfcd_probe({expr}, ({owner.cell_id}, {slot}), ({owner.index},))"
+        items.append(expr)
+    rest = "".join(f", {n}" for n in names[1:])
+    lines = [
+        "def _mfcd_make(_mfcd_original, _mfcd_probe):",
+        f"    def construct(self, {', '.join(signature)}):",
+        f"        _mfcd_grads = ({', '.join(items)},) + {grads}[{max(table) + 1}:]",
+        f"        return _mfcd_original(_mfcd_grads{rest})",
+        "    return construct",
+        "",
+    ]
+    source = "\n".join(lines)
+    file_name = f"<mf_celldump generated optimizer construct {id(original):x}>"
+    linecache.cache[file_name] = (len(source), None, source.splitlines(True), file_name)
+    namespace = {"__name__": _GENERATED_MODULE}
+    exec(compile(source, file_name, "exec"), namespace)  # noqa: S102 - our own generated source
+    construct = namespace["_mfcd_make"](original, probe)
+    defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
+    construct.__defaults__ = defaults or None
+    return construct
