@@ -271,7 +271,7 @@ def test_cells_called_with_keyword_arguments(runs, model, mode):
     assert len(gpt["input_args"]) == 9 and gpt["input_kwargs"] == {}
     assert gpt["input_args"][0]["dtype"] == "Int32" and gpt["input_args"][0]["shape"] == [2, 16]
     assert gpt["input_args"][4]["dtype"] == "Int32" and gpt["input_args"][4]["shape"] == [2, 16]  # labels=
-    assert [a["type"] for i, a in enumerate(gpt["input_args"]) if i not in (0, 4)] == ["None"] * 7
+    assert [a for i, a in enumerate(gpt["input_args"]) if i not in (0, 4)] == [None] * 7  # None: bare null
     input_ids = _tensor(run, 0, "Cell.model.GPTModel.forward.0.input.0")
     labels = _tensor(run, 0, "Cell.model.GPTModel.forward.0.input.4")
     np.testing.assert_array_equal(input_ids[:, 1:], labels[:, :-1])  # the data: labels are the shifted tokens
@@ -383,7 +383,7 @@ def test_graph_values_equal_pynative_values(runs, model):
     files = sorted(set(os.listdir(pynative["dump"] / folder)) & set(os.listdir(graph["dump"] / folder)))
     compared = 0
     for name in files:
-        if name in MORPH_EMBEDDINGS or (model == "deepseek3" and ".backward." in name):
+        if name in MORPH_EMBEDDINGS or (model == "deepseek3" and (".backward." in name or ".parameters_grad." in name)):
             continue
         if ".ApplyRotaryPosEmb.backward." in name:
             continue  # Graph mode pairs the two calls' gradients the other way round (test below)
