@@ -29,10 +29,16 @@ captured steps (measured). A step's time covers everything the capture adds arou
 train step itself and a final synchronisation. Files and bytes written per step are
 counted by walking the dump folder after each step, outside the timed region.
 
+A second section (``--section qwen3``, in ``capture_mcore.py``) measures MindFormers' mcore
+Qwen3 (same size) in PyNative and Graph mode (host backend), both tasks: in each worker a
+network without capture and one with capture run alternately in the same process, and the
+ratio of their median step times is reported, with the first step (graph compile) of each.
+
 Usage (from the repository root; runs from a temp dir because importing MindFormers
 creates ./output):
 
-    python bench/bench_capture.py            # all configurations
+    python bench/bench_capture.py            # all configurations, both sections
+    python bench/bench_capture.py --section qwen3
     python bench/bench_capture.py --only mf_tensor --profile
 """
 
@@ -52,6 +58,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import capture_mcore  # noqa: E402  (the tiny-Qwen3 section, beside this file)
 
 CONFIGS = [
     "baseline",
@@ -656,9 +664,33 @@ def _table(results, base_ms) -> str:
     return "\n".join(lines)
 
 
+def _run_section(names, args) -> list:
+    results = []
+    for name in names:
+        print(f"[bench] {name} ...", flush=True)
+        res = _run_worker(name, args)
+        results.append(res)
+        if "error" in res:
+            print(f"[bench] {name} FAILED: {res['error']}\n{res['log_tail']}", flush=True)
+        elif name in capture_mcore.CONFIGS:
+            print(f"[bench] {name}: {res['captured_median_ms']:.0f} ms/step with capture, "
+                  f"{res['plain_median_ms']:.0f} without (x{res['ratio']:.2f}), wall {res['wall_s']:.0f} s", flush=True)
+        else:
+            print(
+                f"[bench] {name}: median {res['median_ms']:.0f} ms/step "
+                f"(same-process baseline {res.get('inproc_baseline_median_ms') or 0:.0f} ms), "
+                f"{stats_mod.median(res['files_per_step']) if res['files_per_step'] else 0:.0f} files/step, "
+                f"wall {res['wall_s']:.0f} s",
+                flush=True,
+            )
+    return results
+
+
 def driver(args) -> int:
     os.makedirs(args.out, exist_ok=True)
-    names = args.only or CONFIGS
+    names = [n for n in (args.only or CONFIGS) if n in CONFIGS and args.section in ("all", "llama")]
+    mcore_names = [n for n in (args.only or capture_mcore.CONFIGS)
+                   if n in capture_mcore.CONFIGS and args.section in ("all", "qwen3")]
     started = datetime.datetime.now()
     meta = {
         "date": started.isoformat(timespec="seconds"),
@@ -672,23 +704,10 @@ def driver(args) -> int:
         "command": " ".join([sys.executable] + sys.argv),
         "loadavg_start": os.getloadavg(),
     }
-    results = []
-    for name in names:
-        print(f"[bench] {name} ...", flush=True)
-        res = _run_worker(name, args)
-        results.append(res)
-        if "error" in res:
-            print(f"[bench] {name} FAILED: {res['error']}\n{res['log_tail']}", flush=True)
-        else:
-            print(
-                f"[bench] {name}: median {res['median_ms']:.0f} ms/step "
-                f"(same-process baseline {res.get('inproc_baseline_median_ms') or 0:.0f} ms), "
-                f"{stats_mod.median(res['files_per_step']) if res['files_per_step'] else 0:.0f} files/step, "
-                f"wall {res['wall_s']:.0f} s",
-                flush=True,
-            )
+    results = _run_section(names, args)
+    mcore_results = _run_section(mcore_names, args)
     micro = None
-    if not args.no_micro:
+    if names and not args.no_micro:
         print("[bench] micro (per-call costs) ...", flush=True)
         micro = _run_worker("micro", args)
         if "error" in micro:
@@ -697,17 +716,23 @@ def driver(args) -> int:
     meta["total_wall_s"] = (datetime.datetime.now() - started).total_seconds()
     base = next((r for r in results if r["config"] == "baseline" and "error" not in r), None)
     base_ms = base["median_ms"] if base else None
-    table = _table(results, base_ms)
+    table = _table(results, base_ms) if results else "(LLaMA section not run)"
+    if mcore_results:
+        meta["qwen3_model"] = dict(capture_mcore.MODEL, batch=capture_mcore.BATCH,
+                                   layers="TrainingQwen3ForCausalLM (mcore)", dtype="float32")
+        table += ("\n\ntiny Qwen3 (mcore), capture vs no capture in the same process "
+                  f"({args.steps} alternating steps after the first):\n\n" + capture_mcore.table(mcore_results))
     stamp = started.strftime("%Y%m%d-%H%M%S")
     with open(os.path.join(args.out, f"capture-{stamp}.json"), "w") as handle:
-        json.dump({"meta": meta, "results": results, "micro": micro}, handle, indent=1)
+        json.dump({"meta": meta, "results": results, "qwen3": mcore_results, "micro": micro}, handle, indent=1)
     text = "\n".join(
         [
             f"date: {meta['date']}",
             f"machine: {meta['machine']}",
             f"versions: {meta['versions']}",
             f"command: {meta['command']}",
-            f"steps measured: {args.steps} (after {args.warmup} uncaptured + 1 captured warm-up)",
+            f"steps measured: {args.steps}" + (f" (LLaMA: after {args.warmup} uncaptured + 1 captured warm-up)"
+                                               if results else " (after the first step of each network)"),
             f"load average start/end: {meta['loadavg_start']} / {meta['loadavg_end']}",
             f"total wall: {meta['total_wall_s']:.0f} s",
             "",
@@ -732,7 +757,7 @@ def driver(args) -> int:
     with open(os.path.join(args.out, f"capture-{stamp}.txt"), "w") as handle:
         handle.write(text)
     print(text)
-    return 0 if all("error" not in r for r in results) else 1
+    return 0 if all("error" not in r for r in results + mcore_results) else 1
 
 
 def main(argv=None) -> int:
@@ -746,7 +771,10 @@ def main(argv=None) -> int:
         help="uncaptured steps measured in each capture worker before capture starts",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", choices=CONFIGS, help="run only these configurations")
+    parser.add_argument("--only", nargs="+", choices=CONFIGS + capture_mcore.CONFIGS,
+                        help="run only these configurations")
+    parser.add_argument("--section", choices=("all", "llama", "qwen3"), default="all",
+                        help="the legacy-LLaMA configurations, the mcore-Qwen3 ones, or both")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for capture-*.json|txt")
     parser.add_argument("--keep", action="store_true", help="keep the workers' temp folders (dumps, logs)")
     parser.add_argument(
@@ -759,12 +787,17 @@ def main(argv=None) -> int:
         action="store_true",
         help="skip the per-call cost measurements (the 'micro' worker, ~1 min)",
     )
-    parser.add_argument("--worker", choices=CONFIGS + ["micro"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=CONFIGS + capture_mcore.CONFIGS + ["micro"], help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        result = micro_worker(args) if args.worker == "micro" else worker(args)
+        if args.worker == "micro":
+            result = micro_worker(args)
+        elif args.worker in capture_mcore.CONFIGS:
+            result = capture_mcore.worker(args.worker, args.steps, args.seed, _sync, _tree_size)
+        else:
+            result = worker(args)
         with open(args.result, "w") as handle:
             json.dump(result, handle)
         return 0

@@ -1,6 +1,9 @@
-"""Train the tiny LLaMA of ``tiny_llama.yaml`` on CPU with MindFormers 1.9 and dump it with mf_celldump.
+"""Train a tiny MindFormers 1.9 model on CPU and dump it with mf_celldump.
 
-It does what ``run_mindformer.py --config tiny_llama.yaml --register_path DIR`` does
+``--model llama`` (default) trains the legacy LLaMA of ``tiny_llama.yaml``; ``--model qwen3``
+and ``--model deepseek3`` the mcore Qwen3 and DeepSeek-V3 (MLA, MoE with a shared expert,
+MTP) of ``tiny_qwen3.yaml`` / ``tiny_deepseek3.yaml``, with the CPU patches of
+``mcore_cpu_patches.py``. It does what ``run_mindformer.py --config <that YAML> --register_path DIR`` does
 (``DIR`` = ``mf-celldump register-path``), plus what a CPU needs: synthetic MindRecord
 data and the CPU-only workarounds of ``cpu_workarounds.py``. MindFormers' and
 MindSpore's own output goes to ``<output-dir>/run_tiny_llama.log`` (``--verbose`` shows
@@ -10,6 +13,7 @@ dump is and what is in it. MindFormers' caches (``output/log``, the ``modules/``
 
     python examples/run_tiny_llama.py --mode pynative --output-dir /tmp/tiny
     python examples/run_tiny_llama.py --mode graph --dump steps=1 --dump task=tensor
+    python examples/run_tiny_llama.py --model qwen3 --mode graph --dump steps=0,2
 
 Two ranks, data parallel, on one CPU host: ``examples/distributed/run_2ranks.sh``.
 """
@@ -26,14 +30,22 @@ from typing import List, Optional
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_CONFIG = os.path.join(HERE, "tiny_llama.yaml")
+MODEL_CONFIGS = {
+    "llama": os.path.join(HERE, "tiny_llama.yaml"),
+    "qwen3": os.path.join(HERE, "tiny_qwen3.yaml"),
+    "deepseek3": os.path.join(HERE, "tiny_deepseek3.yaml"),
+}
+MODEL_TITLES = {"llama": "LLaMA", "qwen3": "Qwen3 (mcore)", "deepseek3": "DeepSeek-V3 (mcore)"}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="MindFormers run config (YAML)")
+    parser.add_argument("--model", choices=tuple(MODEL_CONFIGS), default="llama",
+                        help="which tiny model: its YAML in examples/ (default llama)")
+    parser.add_argument("--config", default=None,
+                        help="MindFormers run config (YAML); default: the --model's YAML in examples/")
     parser.add_argument("--mode", choices=("pynative", "graph"), default="pynative")
     parser.add_argument("--output-dir", default="./output",
                         help="MindFormers output_dir (the dump goes to <it>/celldump)")
@@ -52,21 +64,34 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              "Trainer(callbacks=[...]) instead of letting MindFormers build it")
     parser.add_argument("--verbose", action="store_true",
                         help="show MindFormers' and MindSpore's own output here instead of in the log file")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.config is None:
+        args.config = MODEL_CONFIGS[args.model]
+    return args
 
 
 # -- data -----------------------------------------------------------------------------
-def make_data(path: str, samples: int, seq_length: int, vocab_size: int, seed: int = 0) -> str:
-    """Write a synthetic token MindRecord (deterministic, so every rank writes the same data)."""
+def make_data(path: str, samples: int, seq_length: int, vocab_size: int, seed: int = 0,
+              with_labels: bool = False) -> str:
+    """Write a synthetic token MindRecord (deterministic, so every rank writes the same data).
+
+    Legacy models take ``seq_length + 1`` tokens and shift them themselves; mcore models
+    (``with_labels``) take ``input_ids`` and ``labels`` of ``seq_length`` each."""
     import numpy as np
     from mindspore.mindrecord import FileWriter
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     writer = FileWriter(path, shard_num=1, overwrite=True)
-    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, "tiny_llama")
+    schema = {"input_ids": {"type": "int32", "shape": [-1]}}
+    if with_labels:
+        schema["labels"] = {"type": "int32", "shape": [-1]}
+    writer.add_schema(schema, "tiny_model")
     rng = np.random.default_rng(seed)
-    rows = [{"input_ids": rng.integers(1, vocab_size, size=(seq_length + 1,)).astype(np.int32)}
-            for _ in range(samples)]
+    tokens = [rng.integers(1, vocab_size, size=(seq_length + 1,)).astype(np.int32) for _ in range(samples)]
+    if with_labels:
+        rows = [{"input_ids": t[:-1], "labels": t[1:]} for t in tokens]
+    else:
+        rows = [{"input_ids": t} for t in tokens]
     writer.write_raw_data(rows)
     writer.commit()
     return path
@@ -137,12 +162,17 @@ def prepare_data(config, steps: int) -> str:
     rank, world = _world()
     if not config.use_parallel:
         world = 1
-    data = os.path.join(config.output_dir, "data", f"rank{rank}", "tiny_llama.mindrecord")
+    data = os.path.join(config.output_dir, "data", f"rank{rank}", "tiny_model.mindrecord")
     make_data(data, steps * config.runner_config.batch_size * world, config.model.model_config.seq_length,
-              config.model.model_config.vocab_size)
+              config.model.model_config.vocab_size, with_labels=is_mcore(config))
     config.train_dataset.data_loader.dataset_dir = data
     config.train_dataset_task.dataset_config.data_loader.dataset_dir = data
     return data
+
+
+def is_mcore(config) -> bool:
+    """Whether the config builds an mcore model (``use_legacy: False``)."""
+    return config.get("use_legacy", True) is False
 
 
 def dump_path_of(config) -> str:
@@ -181,6 +211,10 @@ def train(config, steps: int, callbacks=None) -> None:
     import cpu_workarounds  # noqa: F401  (registers CpuTrainOneStepCell)
 
     build_context(config)  # also initialises communication when use_parallel is true
+    if is_mcore(config):
+        import mcore_cpu_patches
+
+        mcore_cpu_patches.apply("graph" if config.context.mode == 0 else "pynative")
     prepare_data(config, steps)
     Trainer(config, callbacks=callbacks).train()
 
@@ -246,7 +280,8 @@ def _announce(console, config, args, dump_path: str) -> None:
     import mindformers
 
     entry = _celldump_entry(config)
-    console.say(f"Training a tiny LLaMA with MindFormers {mindformers.__version__} on CPU ({args.mode} mode), "
+    title = MODEL_TITLES.get(args.model, args.model)
+    console.say(f"Training a tiny {title} with MindFormers {mindformers.__version__} on CPU ({args.mode} mode), "
                 f"{args.steps} steps per epoch; CellDumpCallback: task={entry.get('task', 'statistics')}, "
                 f"steps={entry.get('steps', 'all')}")
     if console.log_path:

@@ -1,0 +1,31 @@
+"""The CPU patches for MindFormers' mcore models, for tests: one copy, in ``examples/mcore_cpu_patches.py``.
+
+The example runner (``examples/run_tiny_llama.py --model qwen3|deepseek3``) needs them as
+much as the tests do, so they live beside it; each patch there says which CPU limitation
+of MindSpore / MindFormers it works around. This module loads that file (under its own
+module name, so the runner's ``import mcore_cpu_patches`` finds the same module object).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mcore_cpu_patches.py")
+
+
+def load():
+    """The ``examples/mcore_cpu_patches.py`` module (imported once per process)."""
+    module = sys.modules.get("mcore_cpu_patches")
+    if module is None or os.path.abspath(getattr(module, "__file__", "")) != PATH:
+        spec = importlib.util.spec_from_file_location("mcore_cpu_patches", PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["mcore_cpu_patches"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def apply(mode: str) -> None:
+    """Apply the patches for ``mode`` ("pynative" or "graph"); idempotent (see the examples file)."""
+    load().apply(mode)
