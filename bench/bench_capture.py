@@ -60,7 +60,10 @@ CONFIGS = [
     "mf_tensor_host",
     "msprobe_tensor",
     "msprobe_statistics",
+    "graph_host_tensor",
+    "graph_host_statistics",
 ]
+GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics")
 
 MODEL = dict(batch_size=2, seq_length=64, hidden_size=128, num_layers=4, num_heads=4, vocab_size=1000)
 
@@ -83,11 +86,11 @@ def _tree_size(path: str):
     return files, size
 
 
-def _build(seed: int):
+def _build(seed: int, graph: bool = False):
     import mindspore as ms
     from mindspore import nn
 
-    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    ms.set_context(mode=ms.GRAPH_MODE if graph else ms.PYNATIVE_MODE, device_target="CPU")
     ms.set_seed(seed)
     from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
 
@@ -166,12 +169,14 @@ class _NoCapture:
 
 
 class _MfCapture:
-    def __init__(self, train, dump_path, task, backend=None):
+    def __init__(self, train, dump_path, task, backend=None, steps=None):
         import mf_celldump
 
         config = {"dump_path": dump_path, "task": task, "data_mode": "all"}
         if backend:
             config["backend"] = backend
+        if steps is not None:
+            config["steps"] = ",".join(str(step) for step in steps)
         self.dump = mf_celldump.attach(train, config)
         self.backend = self.dump.backend.name
         self.cells = len(self.dump.cells)
@@ -220,14 +225,92 @@ class _MsprobeCapture:
         pass
 
 
-def _timed_steps(train, batches, capture, first_step, count, dump_path, record):
+class _Timers:
+    """Wall time spent inside chosen functions, summed per step (the breakdown of a captured step).
+
+    Patches class attributes (before attach, so bound methods captured by the wrapper and
+    the gradient hooks are the timed ones) and module functions. Nested timed calls are
+    counted in both (e.g. ``writer.write_tensor`` inside ``HostBackend._emit``). Calls from
+    MindSpore's own threads (graph-mode pyfunc ops) are counted too.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.totals = {}
+        self.calls = {}
+        self._lock = threading.Lock()
+        self._undo = []
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        import functools
+
+        original = getattr(owner, attr)
+        timers = self
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - t0
+                with timers._lock:
+                    timers.totals[label] = timers.totals.get(label, 0.0) + elapsed
+                    timers.calls[label] = timers.calls.get(label, 0) + 1
+
+        setattr(owner, attr, timed)
+        self._undo.append((owner, attr, original))
+
+    def take(self) -> dict:
+        """Milliseconds and calls per label since the last take."""
+        with self._lock:
+            out = {label: {"ms": self.totals[label] * 1000.0, "calls": self.calls[label]} for label in self.totals}
+            self.totals, self.calls = {}, {}
+        return out
+
+    def restore(self) -> None:
+        for owner, attr, original in reversed(self._undo):
+            setattr(owner, attr, original)
+
+
+def _install_timers(task: str, graph: bool) -> "_Timers":
+    """Timers around mf_celldump's step-path pieces (backend faces, hooks, writer, end of step)."""
+    from mf_celldump.capture.backends import device_stats, gradient_hooks, host, tensordump
+    from mf_celldump.capture.session import CellDump
+    from mf_celldump.rawformat import writer
+
+    timers = _Timers()
+    timers.wrap(CellDump, "end_step", "end_step (sync, flush, marker)")
+    timers.wrap(writer.RawWriter, "write_tensor", "writer.write_tensor (np.save + write + rename)")
+    timers.wrap(writer.RawWriter, "append_record", "writer.append_record")
+    timers.wrap(writer.RawWriter, "finish_step", "writer.finish_step (records closed, marker)")
+    timers.wrap(gradient_hooks.GradientHookCache, "apply", "gradient hook applied (forward side)")
+    if graph or task == "host":
+        timers.wrap(host.HostBackend, "_emit", "HostBackend._emit (inside the capture op)")
+        timers.wrap(host, "compute_statistics", "statistics.compute_statistics (host)")
+        timers.wrap(host.HostPyNative, "forward", "HostPyNative.forward")
+    elif task == "tensor":
+        timers.wrap(tensordump.TensorDumpPyNative, "forward", "TensorDumpPyNative.forward (queue)")
+        timers.wrap(tensordump.TensorDumpPyNative, "_dump_gradient", "gradient hook fired (queue)")
+        timers.wrap(tensordump.TensorDumpPyNative, "flush", "TensorDumpPyNative.flush (TensorDump calls)")
+    else:
+        timers.wrap(device_stats.DeviceStatsPyNative, "forward", "DeviceStatsPyNative.forward (queue)")
+        timers.wrap(device_stats.DeviceStatsBackend, "flush", "DeviceStatsBackend.flush (statistics, records)")
+    return timers
+
+
+def _timed_steps(train, batches, capture, first_step, count, dump_path, record, timers=None, stride=1,
+                 breakdown=None):
     times = []
     per_step_files = []
     per_step_bytes = []
     losses = []
     for i in range(count):
-        step = first_step + i
+        step = first_step + i * stride
         before = _tree_size(dump_path) if dump_path else (0, 0)
+        if timers is not None:
+            timers.take()
         t0 = time.perf_counter()
         capture.begin(step)
         loss = train(batches[step % len(batches)])
@@ -235,6 +318,8 @@ def _timed_steps(train, batches, capture, first_step, count, dump_path, record):
         _sync()
         capture.end()
         elapsed = time.perf_counter() - t0
+        if timers is not None and breakdown is not None and record:
+            breakdown.append(timers.take())
         after = _tree_size(dump_path) if dump_path else (0, 0)
         if record:
             times.append(elapsed * 1000.0)
@@ -270,6 +355,17 @@ def _composition(dump_path: str):
     return dict(sorted(counts.items()))
 
 
+def _median_breakdown(per_step: list) -> dict:
+    """Median milliseconds and calls per label over the measured captured steps."""
+    labels = sorted({label for step in per_step for label in step})
+    out = {}
+    for label in labels:
+        values = [step.get(label, {"ms": 0.0, "calls": 0}) for step in per_step]
+        out[label] = {"ms": stats_mod.median(v["ms"] for v in values),
+                      "calls": stats_mod.median(v["calls"] for v in values)}
+    return out
+
+
 def worker(args) -> dict:
     import mindspore  # noqa: F401  -- before msprobe (protobuf descriptor order)
 
@@ -291,12 +387,19 @@ def worker(args) -> dict:
         step += args.inproc_baseline
 
     # 3) capture on
+    interleaved = []
+    breakdown = []
+    timers = None
     if name == "baseline":
         capture = nocap
         dump = None
     elif name.startswith("mf_"):
         task = "tensor" if "tensor" in name else "statistics"
-        capture = _MfCapture(train, dump_path, task, "host" if name.endswith("_host") else None)
+        backend = "host" if name.endswith("_host") else None
+        timers = _install_timers("host" if backend else task, graph=False)
+        # Captured steps alternate with uncaptured ones (selection), so both see the same load.
+        selected = [step] + [step + 2 + 2 * i for i in range(args.steps)]
+        capture = _MfCapture(train, dump_path, task, backend, steps=selected)
         dump = dump_path
     else:
         task = "tensor" if "tensor" in name else "statistics"
@@ -310,12 +413,24 @@ def worker(args) -> dict:
         import cProfile
 
         profiler = cProfile.Profile()
-        profiler.enable()
-    times, files, nbytes, losses = _timed_steps(train, batches, capture, step, args.steps, dump, True)
+    times, files, nbytes, losses = [], [], [], []
+    for _ in range(args.steps):
+        if timers is not None:  # an uncaptured step of the attached network, then a captured one
+            interleaved += _timed_steps(train, batches, capture, step, 1, dump, True)[0]
+            step += 1
+        if profiler is not None:
+            profiler.enable()
+        one = _timed_steps(train, batches, capture, step, 1, dump, True, timers, breakdown=breakdown)
+        if profiler is not None:
+            profiler.disable()
+        step += 1
+        for total, part in zip((times, files, nbytes, losses), one):
+            total += part
     if profiler is not None:
-        profiler.disable()
         profiler.dump_stats(args.profile_out)
     capture.close()
+    if timers is not None:
+        timers.restore()
     composition = _composition(dump_path) if name.startswith("mf_") else None
 
     result = {
@@ -332,10 +447,70 @@ def worker(args) -> dict:
         "losses": losses,
         "loadavg_end": os.getloadavg(),
         "captured_per_step": composition,
+        "interleaved_uncaptured_ms": interleaved,
+        "interleaved_uncaptured_median_ms": stats_mod.median(interleaved) if interleaved else None,
+        "breakdown": _median_breakdown(breakdown),
     }
     if isinstance(capture, _MsprobeCapture):
         result["msprobe_patch"] = capture.patch
     return result
+
+
+def graph_worker(args) -> dict:
+    """Graph mode (CPU, ``backend: host``): a plain compiled network and a captured one, same process.
+
+    Both are built from the same seed and trained on the same batches, in rounds of three
+    steps: the plain network, the captured network on an unselected step (the capture ops
+    are compiled in and return at once), the captured network on a selected step.
+    """
+    name = args.worker
+    task = "tensor" if "tensor" in name else "statistics"
+    dump_path = os.path.join(os.getcwd(), "dump")
+    _net_plain, plain = _build(args.seed, graph=True)
+    _net_cap, train = _build(args.seed, graph=True)
+    batches = _batches(args.warmup + 2 * args.steps + 2, args.seed)
+    timers = _install_timers(task, graph=True)
+    first = 1  # the captured network's step 0 is an uncaptured warm-up (compiles the graph)
+    selected = [first + 2 * i for i in range(args.steps + 1)]
+    capture = _MfCapture(train, dump_path, task, "host", steps=selected)
+    nocap = _NoCapture()
+    t0 = time.perf_counter()
+    _timed_steps(plain, batches, nocap, 0, args.warmup, None, False)
+    compile_plain_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _timed_steps(train, batches, capture, 0, 2, dump_path, False)  # step 0 unselected, step 1 captured
+    compile_captured_s = time.perf_counter() - t0
+    plain_ms, unselected_ms, times, files, nbytes, losses, breakdown = [], [], [], [], [], [], []
+    step = 2
+    for _ in range(args.steps):
+        plain_ms += _timed_steps(plain, batches, nocap, step, 1, None, True)[0]
+        unselected_ms += _timed_steps(train, batches, capture, step, 1, dump_path, True)[0]
+        one = _timed_steps(train, batches, capture, step + 1, 1, dump_path, True, timers, breakdown=breakdown)
+        for total, part in zip((times, files, nbytes, losses), one):
+            total += part
+        step += 2
+    capture.close()
+    timers.restore()
+    return {
+        "config": name,
+        "backend": capture.backend,
+        "cells": capture.cells,
+        "step_ms": times,
+        "median_ms": stats_mod.median(times),
+        "min_ms": min(times),
+        "inproc_baseline_ms": plain_ms,
+        "inproc_baseline_median_ms": stats_mod.median(plain_ms),
+        "interleaved_uncaptured_ms": unselected_ms,
+        "interleaved_uncaptured_median_ms": stats_mod.median(unselected_ms),
+        "files_per_step": files,
+        "bytes_per_step": nbytes,
+        "losses": losses,
+        "loadavg_end": os.getloadavg(),
+        "captured_per_step": _composition(dump_path),
+        "breakdown": _median_breakdown(breakdown),
+        "first_steps_s": {"plain (compile + warm-up)": compile_plain_s,
+                          "captured (compile + 1 uncaptured + 1 captured)": compile_captured_s},
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -634,26 +809,50 @@ def _run_worker(name: str, args) -> dict:
 
 
 def _table(results, base_ms) -> str:
+    """x no-capture: against the PyNative baseline worker (another process; PyNative rows only).
+    x same-process: against uncaptured steps before attach (PyNative) or the plain compiled network
+    (graph). x interleaved: against the attached network's unselected steps, run alternately."""
     head = (
         "| configuration | backend | ms/step (median) | min | x no-capture | x same-process baseline "
-        "| files/step | MB/step |"
+        "| x interleaved uncaptured | files/step | MB/step |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for res in results:
         if "error" in res:
-            lines.append(f"| {res['config']} | FAILED: {res['error']} | | | | | | |")
+            lines.append(f"| {res['config']} | FAILED: {res['error']} | | | | | | | |")
             continue
         med = res["median_ms"]
-        ratio = med / base_ms if base_ms else float("nan")
+        graph = res["config"] in GRAPH_CONFIGS
+        ratio = f"{med / base_ms:.2f}" if base_ms and not graph else "-"
         inproc = res.get("inproc_baseline_median_ms")
         inproc_ratio = f"{med / inproc:.2f}" if inproc else "-"
+        inter = res.get("interleaved_uncaptured_median_ms")
+        inter_ratio = f"{med / inter:.2f}" if inter else "-"
         files = stats_mod.median(res["files_per_step"]) if res["files_per_step"] else 0
         mb = stats_mod.median(res["bytes_per_step"]) / 1e6 if res["bytes_per_step"] else 0
         lines.append(
             f"| {res['config']} | {res.get('backend') or '-'} | {med:.0f} | {res['min_ms']:.0f} "
-            f"| {ratio:.2f} | {inproc_ratio} | {files:.0f} | {mb:.2f} |"
+            f"| {ratio} | {inproc_ratio} | {inter_ratio} | {files:.0f} | {mb:.2f} |"
         )
     return "\n".join(lines)
+
+
+def _breakdown_text(results) -> str:
+    """Per configuration: median ms per captured step inside each timed piece (nested pieces overlap)."""
+    parts = []
+    for res in results:
+        rows = res.get("breakdown")
+        if not rows:
+            continue
+        inter = res.get("interleaved_uncaptured_median_ms") or res.get("inproc_baseline_median_ms")
+        added = res["median_ms"] - inter if inter else float("nan")
+        parts.append(f"{res['config']}: captured {res['median_ms']:.0f} ms, uncaptured {inter:.0f} ms, "
+                     f"added {added:.0f} ms per step; timed pieces (median per captured step):")
+        parts.append("| piece | ms/step | calls/step |\n|---|---:|---:|")
+        for label, row in sorted(rows.items(), key=lambda item: -item[1]["ms"]):
+            parts.append(f"| {label} | {row['ms']:.1f} | {row['calls']:.0f} |")
+        parts.append("")
+    return "\n".join(parts)
 
 
 def driver(args) -> int:
@@ -713,6 +912,7 @@ def driver(args) -> int:
             "",
             table,
             "",
+            _breakdown_text(results),
             "captured per step (mf_celldump): "
             + "; ".join(
                 f"{r['config']}: {r.get('captured_per_step')}" for r in results if r.get("captured_per_step")
@@ -737,7 +937,7 @@ def driver(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="measured captured steps per configuration")
+    parser.add_argument("--steps", type=int, default=8, help="measured captured steps per configuration")
     parser.add_argument("--warmup", type=int, default=2, help="uncaptured warm-up steps (excluded)")
     parser.add_argument(
         "--inproc-baseline",
@@ -764,7 +964,12 @@ def main(argv=None) -> int:
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        result = micro_worker(args) if args.worker == "micro" else worker(args)
+        if args.worker == "micro":
+            result = micro_worker(args)
+        elif args.worker in GRAPH_CONFIGS:
+            result = graph_worker(args)
+        else:
+            result = worker(args)
         with open(args.result, "w") as handle:
             json.dump(result, handle)
         return 0
