@@ -276,19 +276,22 @@ class _Timers:
 
 def _install_timers(task: str, graph: bool) -> "_Timers":
     """Timers around mf_celldump's step-path pieces (backend faces, hooks, writer, end of step)."""
+    from mf_celldump.capture import sink
     from mf_celldump.capture.backends import device_stats, gradient_hooks, host, tensordump
     from mf_celldump.capture.session import CellDump
     from mf_celldump.rawformat import writer
 
     timers = _Timers()
     timers.wrap(CellDump, "end_step", "end_step (sync, flush, marker)")
-    timers.wrap(writer.RawWriter, "write_tensor", "writer.write_tensor (np.save + write + rename)")
-    timers.wrap(writer.RawWriter, "append_record", "writer.append_record")
+    timers.wrap(writer.RawWriter, "write_tensor", "writer.write_tensor (hand-over)")
+    timers.wrap(writer, "_save_npy", "writer._save_npy (np.save + write + rename, writer thread)")
+    timers.wrap(writer.RawWriter, "append_record", "writer.append_record (hand-over)")
+    timers.wrap(writer.RawWriter, "_append_line", "writer._append_line (writer thread)")
     timers.wrap(writer.RawWriter, "finish_step", "writer.finish_step (records closed, marker)")
     timers.wrap(gradient_hooks.GradientHookCache, "apply", "gradient hook applied (forward side)")
     if graph or task == "host":
         timers.wrap(host.HostBackend, "_emit", "HostBackend._emit (inside the capture op)")
-        timers.wrap(host, "compute_statistics", "statistics.compute_statistics (host)")
+        timers.wrap(sink, "compute_statistics", "statistics.compute_statistics (writer thread)")
         timers.wrap(host.HostPyNative, "forward", "HostPyNative.forward")
     elif task == "tensor":
         timers.wrap(tensordump.TensorDumpPyNative, "forward", "TensorDumpPyNative.forward (queue)")
