@@ -274,7 +274,7 @@ class _Timers:
             setattr(owner, attr, original)
 
 
-def _install_timers(task: str, graph: bool) -> "_Timers":
+def _install_timers(task: str, graph: bool) -> _Timers:
     """Timers around mf_celldump's step-path pieces (backend faces, hooks, writer, end of step)."""
     from mf_celldump.capture import sink
     from mf_celldump.capture.backends import device_stats, gradient_hooks, host, tensordump

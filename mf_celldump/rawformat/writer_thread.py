@@ -23,7 +23,7 @@ class WriterThread:
     def __init__(self, name: str, limit_bytes: int = 256 * 1024 * 1024):
         self.name = name
         self.limit_bytes = limit_bytes
-        self._jobs: "queue.Queue" = queue.Queue()
+        self._jobs: queue.Queue = queue.Queue()
         self._cond = threading.Condition()
         self._held = 0
         self._error: Optional[BaseException] = None

@@ -50,7 +50,7 @@ class TensorDumpBackend(CaptureBackend):
         self.steps: Optional[GraphStepMap] = None
         self._send_failed = False
         self._next_step: Optional[int] = None  # the step the previous one leads to
-        self._face: Optional["TensorDumpPyNative"] = None
+        self._face: Optional[TensorDumpPyNative] = None
 
     @property
     def writes_later(self) -> bool:
