@@ -682,29 +682,29 @@ def micro_worker(args) -> dict:
         n=100,
     )
     bench(
-        "TensorDumpBackend.forward(x) [mf_celldump, computed x]",
+        "TensorDumpPyNative.forward(x) [mf_celldump, computed x: queued, dumped at end of step]",
         lambda i: td_backend.forward(x, key(i), "out"),
     )
     bench(
-        "TensorDumpBackend.forward(None) [non-tensor value -> Tensor(0) + TensorDump]",
+        "TensorDumpPyNative.forward(None) [non-tensor value -> Tensor(0), queued]",
         lambda i: td_backend.forward(None, key(i, kind=KIND_NONE), "out"),
     )
     bench(
-        "TensorDumpBackend.backward(x) fwd side [DumpGradient: new InsertGradientOf]",
+        "TensorDumpPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
         lambda i: td_backend.backward(x, key(i, BACKWARD), "out"),
         n=100,
     )
     bench(
-        "DeviceStatsBackend.forward(x) [mf_celldump, computed x]",
+        "DeviceStatsPyNative.forward(x) [mf_celldump, computed x: queued]",
         lambda i: stats_backend.forward(x, key(i), "out"),
     )
     bench(
-        "  of which: ops.stack of 4 computed 0-d tensors (old-style primitive)",
+        "  for comparison: ops.stack of 4 computed 0-d tensors (old-style primitive; before the queue)",
         lambda i: ops.stack([x.max(), x.min(), x.mean(), x.sum()]),
         n=100,
     )
     bench(
-        "  of which: max,min,mean,sqrt(sum(x*x)) queued (launch only)",
+        "  for comparison: max,min,mean,sqrt(sum(x*x)) queued (launch only)",
         lambda i: [x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())],
     )
     bench(
@@ -714,7 +714,7 @@ def micro_worker(args) -> dict:
         per=50,
     )
     bench(
-        "DeviceStatsBackend.backward(x) fwd side [new InsertGradientOf(closure)]",
+        "DeviceStatsPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
         lambda i: stats_backend.backward(x, key(i, BACKWARD), "out"),
         n=100,
     )
@@ -723,7 +723,7 @@ def micro_worker(args) -> dict:
         lambda i: compute_statistics(x.asnumpy(), ("max", "min", "mean", "norm")),
     )
     bench(
-        "HostBackend.forward(x) [pyfunc Custom op, writes with fsync]",
+        "HostPyNative.forward(x) [pyfunc Custom op, hands the array to the writer thread]",
         lambda i: (host_backend.forward(x, key(i), "out"), _sync()),
         n=100,
     )
@@ -734,7 +734,7 @@ def micro_worker(args) -> dict:
         atomic_write_bytes(safe_join(step_dir, f"h{i}.npy"), buffer.getvalue())
 
     bench(
-        "  of which: asnumpy + np.save to bytes + fsutil.atomic_write_bytes (mkstemp, fsync, rename)",
+        "  for comparison: asnumpy + np.save to bytes + atomic_write_bytes with fsync (before the writer thread)",
         save_fsync,
         n=100,
     )
