@@ -15,16 +15,25 @@ leak between them), run with the same model, seed and batches:
   mf_tensor_host    mf_celldump, task tensor, backend host (extra row)
   msprobe_tensor    msprobe 26.2 PrecisionDebugger, level L0, task tensor, data_mode all
   msprobe_statistics  the same, task statistics
+  graph_host_tensor       GRAPH_MODE on CPU, mf_celldump backend host, task tensor
+  graph_host_statistics   the same, task statistics
 
 msprobe on CPU: its statistics call ``mint.norm``, which has no CPU kernel in MindSpore 2.9
 ("The kernel LinalgVectorNorm unregistered"). Inside the msprobe worker processes only,
 that one call is replaced by a monkeypatch (see ``_patch_msprobe_norm``); installed files
 are not modified.
 
-Per worker: ``--warmup`` uncaptured steps (excluded), ``--inproc-baseline`` uncaptured
-steps (measured: a same-process baseline that is robust to machine load drifting
-between subprocesses), then one captured warm-up step (excluded) and ``--steps``
-captured steps (measured). A step's time covers everything the capture adds around it:
+Per PyNative worker: ``--warmup`` uncaptured steps (excluded), ``--inproc-baseline``
+uncaptured steps (measured before attach: a same-process baseline), then one captured
+warm-up step (excluded) and ``--steps`` captured steps (measured). mf_celldump workers
+select every other step, so each captured step follows an uncaptured step of the same
+attached network (measured too, "interleaved"): the ratio of the two medians is the
+figure least moved by other load on the machine. Graph workers build two networks from
+the same seed, a plain one and a captured one, and run rounds of plain step, captured
+network's unselected step, captured network's selected step (see ``graph_worker``).
+mf_celldump workers time the step-path pieces (``_Timers``: backend faces, gradient
+hooks, the writer and its thread, ``end_step``) per captured step: the breakdown.
+A step's time covers everything the capture adds around it:
 ``begin_step``/``end_step`` (mf_celldump) or ``start``/``stop``/``step`` (msprobe), the
 train step itself and a final synchronisation. Files and bytes written per step are
 counted by walking the dump folder after each step, outside the timed region.
@@ -34,6 +43,7 @@ creates ./output):
 
     python bench/bench_capture.py            # all configurations
     python bench/bench_capture.py --only mf_tensor --profile
+    python bench/bench_capture.py --only graph_host_tensor graph_host_statistics --no-micro
 """
 
 from __future__ import annotations
