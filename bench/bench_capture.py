@@ -17,6 +17,8 @@ leak between them), run with the same model, seed and batches:
   msprobe_statistics  the same, task statistics
   graph_host_tensor       GRAPH_MODE on CPU, mf_celldump backend host, task tensor
   graph_host_statistics   the same, task statistics
+  mf_tensor_fwd, mf_statistics_fwd   as mf_tensor / mf_statistics with data_mode forward:
+                    no gradient hooks, to show what the hooks cost
 
 msprobe on CPU: its statistics call ``mint.norm``, which has no CPU kernel in MindSpore 2.9
 ("The kernel LinalgVectorNorm unregistered"). Inside the msprobe worker processes only,
@@ -72,6 +74,8 @@ CONFIGS = [
     "msprobe_statistics",
     "graph_host_tensor",
     "graph_host_statistics",
+    "mf_tensor_fwd",
+    "mf_statistics_fwd",
 ]
 GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics")
 
@@ -179,10 +183,10 @@ class _NoCapture:
 
 
 class _MfCapture:
-    def __init__(self, train, dump_path, task, backend=None, steps=None):
+    def __init__(self, train, dump_path, task, backend=None, steps=None, data_mode="all"):
         import mf_celldump
 
-        config = {"dump_path": dump_path, "task": task, "data_mode": "all"}
+        config = {"dump_path": dump_path, "task": task, "data_mode": data_mode}
         if backend:
             config["backend"] = backend
         if steps is not None:
@@ -412,7 +416,8 @@ def worker(args) -> dict:
         timers = _install_timers("host" if backend else task, graph=False)
         # Captured steps alternate with uncaptured ones (selection), so both see the same load.
         selected = [step] + [step + 2 + 2 * i for i in range(args.steps)]
-        capture = _MfCapture(train, dump_path, task, backend, steps=selected)
+        data_mode = "forward" if name.endswith("_fwd") else "all"
+        capture = _MfCapture(train, dump_path, task, backend, steps=selected, data_mode=data_mode)
         dump = dump_path
     else:
         task = "tensor" if "tensor" in name else "statistics"
