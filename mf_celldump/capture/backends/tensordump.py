@@ -172,6 +172,7 @@ class TensorDumpPyNative(PyNativeFace):
         self.gradient_hooks = GradientHookCache(self.context.runtime, self._dump_gradient)
         self._pending: List[Tuple[str, str, Tensor]] = []  # (mode, path, tensor) in capture order
         self._pending_bytes = 0
+        self._parameter_alias: Optional[Tensor] = None  # the hooked Parameter the next forward() receives
 
     def _path(self, key: ProbeKey) -> str:
         stem = raw_stem(key, self.backend.stem_separator)
@@ -180,8 +181,8 @@ class TensorDumpPyNative(PyNativeFace):
     def _op(self, mode: str):
         return self.primitives.dump_in if mode == "in" else self.primitives.dump_out
 
-    def _queue(self, mode: str, path: str, tensor) -> None:
-        if isinstance(tensor, Parameter):
+    def _queue(self, mode: str, path: str, tensor, parameter: bool = False) -> None:
+        if parameter or isinstance(tensor, Parameter):
             self.flush()  # keeps capture order; the value is the one before the optimizer's update
             self._op(mode)(path, tensor)
             return
@@ -201,7 +202,8 @@ class TensorDumpPyNative(PyNativeFace):
         if not self.forward_enabled:
             return value
         if isinstance(value, Tensor):
-            self._queue(mode, self._path(key), value)
+            parameter, self._parameter_alias = value is self._parameter_alias, None
+            self._queue(mode, self._path(key), value, parameter)
             return value
         kind = kind_of_value(value)
         if kind is not None:
@@ -211,7 +213,10 @@ class TensorDumpPyNative(PyNativeFace):
         return value
 
     def backward(self, tensor, key: ProbeKey, mode: str):
-        return self.gradient_hooks.apply(tensor, key, mode)
+        hooked = self.gradient_hooks.apply(tensor, key, mode)
+        # The hook's output shares the Parameter's memory but is no Parameter: remember it for forward().
+        self._parameter_alias = hooked if isinstance(tensor, Parameter) else None
+        return hooked
 
     def _dump_gradient(self, gradient, key: ProbeKey, mode: str) -> None:
         self._queue(mode, self._path(key), gradient)
