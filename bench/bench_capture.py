@@ -295,6 +295,8 @@ def _install_timers(task: str, graph: bool) -> _Timers:
     from mf_celldump.capture.session import CellDump
     from mf_celldump.rawformat import writer
 
+    if os.environ.get("BENCH_WRITER_INLINE") == "1":  # compare: every write in the capture op
+        writer.RawWriter.background = False
     timers = _Timers()
     timers.wrap(CellDump, "end_step", "end_step (sync, flush, marker)")
     timers.wrap(writer.RawWriter, "write_tensor", "writer.write_tensor (hand-over)")

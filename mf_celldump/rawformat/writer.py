@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 class RawWriter:
     """Owns ``{dump_path}/_raw/rank{R}/`` for one attached dump."""
 
+    background = True  # False: every write happens in the caller (for comparisons)
+
     def __init__(self, dump_path: str, rank: int, run_id: str):
         self.dump_path = dump_path
         self.rank = rank
@@ -45,7 +47,7 @@ class RawWriter:
         self._records: Dict[int, TextIO] = {}
         self._step_dirs: Dict[int, str] = {}
         self._lock = threading.Lock()
-        self._thread = WriterThread(f"mf_celldump-writer-rank{rank}")
+        self._thread = WriterThread(f"mf_celldump-writer-rank{rank}", inline=not self.background)
 
     # -- layout --------------------------------------------------------------------
     def write_manifest(self, manifest: Manifest) -> None:

@@ -20,9 +20,10 @@ logger = logging.getLogger(__name__)
 class WriterThread:
     """A FIFO of jobs for one daemon thread, started on the first job."""
 
-    def __init__(self, name: str, limit_bytes: int = 256 * 1024 * 1024):
+    def __init__(self, name: str, limit_bytes: int = 256 * 1024 * 1024, inline: bool = False):
         self.name = name
         self.limit_bytes = limit_bytes
+        self.inline = inline  # run every job in the caller (no thread)
         self._jobs: queue.Queue = queue.Queue()
         self._cond = threading.Condition()
         self._held = 0
@@ -31,7 +32,7 @@ class WriterThread:
 
     def submit(self, job: Callable[[], None], nbytes: int = 0) -> None:
         """Run ``job`` on the thread after every job submitted before it."""
-        if self._thread is not None and threading.get_ident() == self._thread.ident:
+        if self.inline or (self._thread is not None and threading.get_ident() == self._thread.ident):
             job()  # a job handing over more work: run it in place (waiting here would wait for itself)
             return
         with self._cond:
