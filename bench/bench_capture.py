@@ -259,6 +259,8 @@ class _Timers:
     def wrap(self, owner, attr: str, label: str) -> None:
         import functools
 
+        if not hasattr(owner, attr):  # an older version of the code (before/after comparisons)
+            return
         original = getattr(owner, attr)
         timers = self
 
