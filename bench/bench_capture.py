@@ -15,16 +15,27 @@ leak between them), run with the same model, seed and batches:
   mf_tensor_host    mf_celldump, task tensor, backend host (extra row)
   msprobe_tensor    msprobe 26.2 PrecisionDebugger, level L0, task tensor, data_mode all
   msprobe_statistics  the same, task statistics
+  graph_host_tensor       GRAPH_MODE on CPU, mf_celldump backend host, task tensor
+  graph_host_statistics   the same, task statistics
+  mf_tensor_fwd, mf_statistics_fwd   as mf_tensor / mf_statistics with data_mode forward:
+                    no gradient hooks, to show what the hooks cost
 
 msprobe on CPU: its statistics call ``mint.norm``, which has no CPU kernel in MindSpore 2.9
 ("The kernel LinalgVectorNorm unregistered"). Inside the msprobe worker processes only,
 that one call is replaced by a monkeypatch (see ``_patch_msprobe_norm``); installed files
 are not modified.
 
-Per worker: ``--warmup`` uncaptured steps (excluded), ``--inproc-baseline`` uncaptured
-steps (measured: a same-process baseline that is robust to machine load drifting
-between subprocesses), then one captured warm-up step (excluded) and ``--steps``
-captured steps (measured). A step's time covers everything the capture adds around it:
+Per PyNative worker: ``--warmup`` uncaptured steps (excluded), ``--inproc-baseline``
+uncaptured steps (measured before attach: a same-process baseline), then one captured
+warm-up step (excluded) and ``--steps`` captured steps (measured). mf_celldump workers
+select every other step, so each captured step follows an uncaptured step of the same
+attached network (measured too, "interleaved"): the ratio of the two medians is the
+figure least moved by other load on the machine. Graph workers build two networks from
+the same seed, a plain one and a captured one, and run rounds of plain step, captured
+network's unselected step, captured network's selected step (see ``graph_worker``).
+mf_celldump workers time the step-path pieces (``_Timers``: backend faces, gradient
+hooks, the writer and its thread, ``end_step``) per captured step: the breakdown.
+A step's time covers everything the capture adds around it:
 ``begin_step``/``end_step`` (mf_celldump) or ``start``/``stop``/``step`` (msprobe), the
 train step itself and a final synchronisation. Files and bytes written per step are
 counted by walking the dump folder after each step, outside the timed region.
@@ -40,6 +51,7 @@ creates ./output):
     python bench/bench_capture.py            # all configurations, both sections
     python bench/bench_capture.py --section qwen3
     python bench/bench_capture.py --only mf_tensor --profile
+    python bench/bench_capture.py --only graph_host_tensor graph_host_statistics --no-micro
 """
 
 from __future__ import annotations
@@ -68,7 +80,12 @@ CONFIGS = [
     "mf_tensor_host",
     "msprobe_tensor",
     "msprobe_statistics",
+    "graph_host_tensor",
+    "graph_host_statistics",
+    "mf_tensor_fwd",
+    "mf_statistics_fwd",
 ]
+GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics")
 
 MODEL = dict(batch_size=2, seq_length=64, hidden_size=128, num_layers=4, num_heads=4, vocab_size=1000)
 
@@ -91,11 +108,11 @@ def _tree_size(path: str):
     return files, size
 
 
-def _build(seed: int):
+def _build(seed: int, graph: bool = False):
     import mindspore as ms
     from mindspore import nn
 
-    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    ms.set_context(mode=ms.GRAPH_MODE if graph else ms.PYNATIVE_MODE, device_target="CPU")
     ms.set_seed(seed)
     from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
 
@@ -174,12 +191,14 @@ class _NoCapture:
 
 
 class _MfCapture:
-    def __init__(self, train, dump_path, task, backend=None):
+    def __init__(self, train, dump_path, task, backend=None, steps=None, data_mode="all"):
         import mf_celldump
 
-        config = {"dump_path": dump_path, "task": task, "data_mode": "all"}
+        config = {"dump_path": dump_path, "task": task, "data_mode": data_mode}
         if backend:
             config["backend"] = backend
+        if steps is not None:
+            config["steps"] = ",".join(str(step) for step in steps)
         self.dump = mf_celldump.attach(train, config)
         self.backend = self.dump.backend.name
         self.cells = len(self.dump.cells)
@@ -228,14 +247,99 @@ class _MsprobeCapture:
         pass
 
 
-def _timed_steps(train, batches, capture, first_step, count, dump_path, record):
+class _Timers:
+    """Wall time spent inside chosen functions, summed per step (the breakdown of a captured step).
+
+    Patches class attributes (before attach, so bound methods captured by the wrapper and
+    the gradient hooks are the timed ones) and module functions. Nested timed calls are
+    counted in both (e.g. ``writer.write_tensor`` inside ``HostBackend._emit``). Calls from
+    MindSpore's own threads (graph-mode pyfunc ops) are counted too.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.totals = {}
+        self.calls = {}
+        self._lock = threading.Lock()
+        self._undo = []
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        import functools
+
+        if not hasattr(owner, attr):  # an older version of the code (before/after comparisons)
+            return
+        original = getattr(owner, attr)
+        timers = self
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - t0
+                with timers._lock:
+                    timers.totals[label] = timers.totals.get(label, 0.0) + elapsed
+                    timers.calls[label] = timers.calls.get(label, 0) + 1
+
+        setattr(owner, attr, timed)
+        self._undo.append((owner, attr, original))
+
+    def take(self) -> dict:
+        """Milliseconds and calls per label since the last take."""
+        with self._lock:
+            out = {label: {"ms": self.totals[label] * 1000.0, "calls": self.calls[label]} for label in self.totals}
+            self.totals, self.calls = {}, {}
+        return out
+
+    def restore(self) -> None:
+        for owner, attr, original in reversed(self._undo):
+            setattr(owner, attr, original)
+
+
+def _install_timers(task: str, graph: bool) -> _Timers:
+    """Timers around mf_celldump's step-path pieces (backend faces, hooks, writer, end of step)."""
+    from mf_celldump.capture import sink
+    from mf_celldump.capture.backends import device_stats, gradient_hooks, host, tensordump
+    from mf_celldump.capture.session import CellDump
+    from mf_celldump.rawformat import writer
+
+    if os.environ.get("BENCH_WRITER_INLINE") == "1":  # compare: every write in the capture op
+        writer.RawWriter.background = False
+    timers = _Timers()
+    timers.wrap(CellDump, "end_step", "end_step (sync, flush, marker)")
+    timers.wrap(writer.RawWriter, "write_tensor", "writer.write_tensor (hand-over)")
+    timers.wrap(writer, "_save_npy", "writer._save_npy (np.save + write + rename, writer thread)")
+    timers.wrap(writer.RawWriter, "append_record", "writer.append_record (hand-over)")
+    timers.wrap(writer.RawWriter, "_append_line", "writer._append_line (writer thread)")
+    timers.wrap(writer.RawWriter, "finish_step", "writer.finish_step (records closed, marker)")
+    timers.wrap(gradient_hooks.GradientHookCache, "apply", "gradient hook applied (forward side)")
+    if graph or task == "host":
+        timers.wrap(host.HostBackend, "_emit", "HostBackend._emit (inside the capture op)")
+        timers.wrap(sink, "compute_statistics", "statistics.compute_statistics (writer thread)")
+        timers.wrap(host.HostPyNative, "forward", "HostPyNative.forward")
+    elif task == "tensor":
+        timers.wrap(tensordump.TensorDumpPyNative, "forward", "TensorDumpPyNative.forward (queue)")
+        timers.wrap(tensordump.TensorDumpPyNative, "_dump_gradient", "gradient hook fired (queue)")
+        timers.wrap(tensordump.TensorDumpPyNative, "flush", "TensorDumpPyNative.flush (TensorDump calls)")
+    else:
+        timers.wrap(device_stats.DeviceStatsPyNative, "forward", "DeviceStatsPyNative.forward (queue)")
+        timers.wrap(device_stats.DeviceStatsBackend, "flush", "DeviceStatsBackend.flush (statistics, records)")
+    return timers
+
+
+def _timed_steps(train, batches, capture, first_step, count, dump_path, record, timers=None, stride=1,
+                 breakdown=None):
     times = []
     per_step_files = []
     per_step_bytes = []
     losses = []
     for i in range(count):
-        step = first_step + i
+        step = first_step + i * stride
         before = _tree_size(dump_path) if dump_path else (0, 0)
+        if timers is not None:
+            timers.take()
         t0 = time.perf_counter()
         capture.begin(step)
         loss = train(batches[step % len(batches)])
@@ -243,6 +347,8 @@ def _timed_steps(train, batches, capture, first_step, count, dump_path, record):
         _sync()
         capture.end()
         elapsed = time.perf_counter() - t0
+        if timers is not None and breakdown is not None and record:
+            breakdown.append(timers.take())
         after = _tree_size(dump_path) if dump_path else (0, 0)
         if record:
             times.append(elapsed * 1000.0)
@@ -278,6 +384,17 @@ def _composition(dump_path: str):
     return dict(sorted(counts.items()))
 
 
+def _median_breakdown(per_step: list) -> dict:
+    """Median milliseconds and calls per label over the measured captured steps."""
+    labels = sorted({label for step in per_step for label in step})
+    out = {}
+    for label in labels:
+        values = [step.get(label, {"ms": 0.0, "calls": 0}) for step in per_step]
+        out[label] = {"ms": stats_mod.median(v["ms"] for v in values),
+                      "calls": stats_mod.median(v["calls"] for v in values)}
+    return out
+
+
 def worker(args) -> dict:
     import mindspore  # noqa: F401  -- before msprobe (protobuf descriptor order)
 
@@ -299,12 +416,20 @@ def worker(args) -> dict:
         step += args.inproc_baseline
 
     # 3) capture on
+    interleaved = []
+    breakdown = []
+    timers = None
     if name == "baseline":
         capture = nocap
         dump = None
     elif name.startswith("mf_"):
         task = "tensor" if "tensor" in name else "statistics"
-        capture = _MfCapture(train, dump_path, task, "host" if name.endswith("_host") else None)
+        backend = "host" if name.endswith("_host") else None
+        timers = _install_timers("host" if backend else task, graph=False)
+        # Captured steps alternate with uncaptured ones (selection), so both see the same load.
+        selected = [step] + [step + 2 + 2 * i for i in range(args.steps)]
+        data_mode = "forward" if name.endswith("_fwd") else "all"
+        capture = _MfCapture(train, dump_path, task, backend, steps=selected, data_mode=data_mode)
         dump = dump_path
     else:
         task = "tensor" if "tensor" in name else "statistics"
@@ -318,12 +443,24 @@ def worker(args) -> dict:
         import cProfile
 
         profiler = cProfile.Profile()
-        profiler.enable()
-    times, files, nbytes, losses = _timed_steps(train, batches, capture, step, args.steps, dump, True)
+    times, files, nbytes, losses = [], [], [], []
+    for _ in range(args.steps):
+        if timers is not None:  # an uncaptured step of the attached network, then a captured one
+            interleaved += _timed_steps(train, batches, capture, step, 1, dump, True)[0]
+            step += 1
+        if profiler is not None:
+            profiler.enable()
+        one = _timed_steps(train, batches, capture, step, 1, dump, True, timers, breakdown=breakdown)
+        if profiler is not None:
+            profiler.disable()
+        step += 1
+        for total, part in zip((times, files, nbytes, losses), one):
+            total += part
     if profiler is not None:
-        profiler.disable()
         profiler.dump_stats(args.profile_out)
     capture.close()
+    if timers is not None:
+        timers.restore()
     composition = _composition(dump_path) if name.startswith("mf_") else None
 
     result = {
@@ -340,10 +477,70 @@ def worker(args) -> dict:
         "losses": losses,
         "loadavg_end": os.getloadavg(),
         "captured_per_step": composition,
+        "interleaved_uncaptured_ms": interleaved,
+        "interleaved_uncaptured_median_ms": stats_mod.median(interleaved) if interleaved else None,
+        "breakdown": _median_breakdown(breakdown),
     }
     if isinstance(capture, _MsprobeCapture):
         result["msprobe_patch"] = capture.patch
     return result
+
+
+def graph_worker(args) -> dict:
+    """Graph mode (CPU, ``backend: host``): a plain compiled network and a captured one, same process.
+
+    Both are built from the same seed and trained on the same batches, in rounds of three
+    steps: the plain network, the captured network on an unselected step (the capture ops
+    are compiled in and return at once), the captured network on a selected step.
+    """
+    name = args.worker
+    task = "tensor" if "tensor" in name else "statistics"
+    dump_path = os.path.join(os.getcwd(), "dump")
+    _net_plain, plain = _build(args.seed, graph=True)
+    _net_cap, train = _build(args.seed, graph=True)
+    batches = _batches(args.warmup + 2 * args.steps + 2, args.seed)
+    timers = _install_timers(task, graph=True)
+    first = 1  # the captured network's step 0 is an uncaptured warm-up (compiles the graph)
+    selected = [first + 2 * i for i in range(args.steps + 1)]
+    capture = _MfCapture(train, dump_path, task, "host", steps=selected)
+    nocap = _NoCapture()
+    t0 = time.perf_counter()
+    _timed_steps(plain, batches, nocap, 0, args.warmup, None, False)
+    compile_plain_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _timed_steps(train, batches, capture, 0, 2, dump_path, False)  # step 0 unselected, step 1 captured
+    compile_captured_s = time.perf_counter() - t0
+    plain_ms, unselected_ms, times, files, nbytes, losses, breakdown = [], [], [], [], [], [], []
+    step = 2
+    for _ in range(args.steps):
+        plain_ms += _timed_steps(plain, batches, nocap, step, 1, None, True)[0]
+        unselected_ms += _timed_steps(train, batches, capture, step, 1, dump_path, True)[0]
+        one = _timed_steps(train, batches, capture, step + 1, 1, dump_path, True, timers, breakdown=breakdown)
+        for total, part in zip((times, files, nbytes, losses), one):
+            total += part
+        step += 2
+    capture.close()
+    timers.restore()
+    return {
+        "config": name,
+        "backend": capture.backend,
+        "cells": capture.cells,
+        "step_ms": times,
+        "median_ms": stats_mod.median(times),
+        "min_ms": min(times),
+        "inproc_baseline_ms": plain_ms,
+        "inproc_baseline_median_ms": stats_mod.median(plain_ms),
+        "interleaved_uncaptured_ms": unselected_ms,
+        "interleaved_uncaptured_median_ms": stats_mod.median(unselected_ms),
+        "files_per_step": files,
+        "bytes_per_step": nbytes,
+        "losses": losses,
+        "loadavg_end": os.getloadavg(),
+        "captured_per_step": _composition(dump_path),
+        "breakdown": _median_breakdown(breakdown),
+        "first_steps_s": {"plain (compile + warm-up)": compile_plain_s,
+                          "captured (compile + 1 uncaptured + 1 captured)": compile_captured_s},
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -512,29 +709,29 @@ def micro_worker(args) -> dict:
         n=100,
     )
     bench(
-        "TensorDumpBackend.forward(x) [mf_celldump, computed x]",
+        "TensorDumpPyNative.forward(x) [mf_celldump, computed x: queued, dumped at end of step]",
         lambda i: td_backend.forward(x, key(i), "out"),
     )
     bench(
-        "TensorDumpBackend.forward(None) [non-tensor value -> Tensor(0) + TensorDump]",
+        "TensorDumpPyNative.forward(None) [non-tensor value -> Tensor(0), queued]",
         lambda i: td_backend.forward(None, key(i, kind=KIND_NONE), "out"),
     )
     bench(
-        "TensorDumpBackend.backward(x) fwd side [DumpGradient: new InsertGradientOf]",
+        "TensorDumpPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
         lambda i: td_backend.backward(x, key(i, BACKWARD), "out"),
         n=100,
     )
     bench(
-        "DeviceStatsBackend.forward(x) [mf_celldump, computed x]",
+        "DeviceStatsPyNative.forward(x) [mf_celldump, computed x: queued]",
         lambda i: stats_backend.forward(x, key(i), "out"),
     )
     bench(
-        "  of which: ops.stack of 4 computed 0-d tensors (old-style primitive)",
+        "  for comparison: ops.stack of 4 computed 0-d tensors (old-style primitive; before the queue)",
         lambda i: ops.stack([x.max(), x.min(), x.mean(), x.sum()]),
         n=100,
     )
     bench(
-        "  of which: max,min,mean,sqrt(sum(x*x)) queued (launch only)",
+        "  for comparison: max,min,mean,sqrt(sum(x*x)) queued (launch only)",
         lambda i: [x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())],
     )
     bench(
@@ -544,7 +741,7 @@ def micro_worker(args) -> dict:
         per=50,
     )
     bench(
-        "DeviceStatsBackend.backward(x) fwd side [new InsertGradientOf(closure)]",
+        "DeviceStatsPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
         lambda i: stats_backend.backward(x, key(i, BACKWARD), "out"),
         n=100,
     )
@@ -553,7 +750,7 @@ def micro_worker(args) -> dict:
         lambda i: compute_statistics(x.asnumpy(), ("max", "min", "mean", "norm")),
     )
     bench(
-        "HostBackend.forward(x) [pyfunc Custom op, writes with fsync]",
+        "HostPyNative.forward(x) [pyfunc Custom op, hands the array to the writer thread]",
         lambda i: (host_backend.forward(x, key(i), "out"), _sync()),
         n=100,
     )
@@ -564,7 +761,7 @@ def micro_worker(args) -> dict:
         atomic_write_bytes(safe_join(step_dir, f"h{i}.npy"), buffer.getvalue())
 
     bench(
-        "  of which: asnumpy + np.save to bytes + fsutil.atomic_write_bytes (mkstemp, fsync, rename)",
+        "  for comparison: asnumpy + np.save to bytes + atomic_write_bytes with fsync (before the writer thread)",
         save_fsync,
         n=100,
     )
@@ -642,24 +839,30 @@ def _run_worker(name: str, args) -> dict:
 
 
 def _table(results, base_ms) -> str:
+    """x no-capture: against the PyNative baseline worker (another process; PyNative rows only).
+    x same-process: against uncaptured steps before attach (PyNative) or the plain compiled network
+    (graph). x interleaved: against the attached network's unselected steps, run alternately."""
     head = (
         "| configuration | backend | ms/step (median) | min | x no-capture | x same-process baseline "
-        "| files/step | MB/step |"
+        "| x interleaved uncaptured | files/step | MB/step |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for res in results:
         if "error" in res:
-            lines.append(f"| {res['config']} | FAILED: {res['error']} | | | | | | |")
+            lines.append(f"| {res['config']} | FAILED: {res['error']} | | | | | | | |")
             continue
         med = res["median_ms"]
-        ratio = med / base_ms if base_ms else float("nan")
+        graph = res["config"] in GRAPH_CONFIGS
+        ratio = f"{med / base_ms:.2f}" if base_ms and not graph else "-"
         inproc = res.get("inproc_baseline_median_ms")
         inproc_ratio = f"{med / inproc:.2f}" if inproc else "-"
+        inter = res.get("interleaved_uncaptured_median_ms")
+        inter_ratio = f"{med / inter:.2f}" if inter else "-"
         files = stats_mod.median(res["files_per_step"]) if res["files_per_step"] else 0
         mb = stats_mod.median(res["bytes_per_step"]) / 1e6 if res["bytes_per_step"] else 0
         lines.append(
             f"| {res['config']} | {res.get('backend') or '-'} | {med:.0f} | {res['min_ms']:.0f} "
-            f"| {ratio:.2f} | {inproc_ratio} | {files:.0f} | {mb:.2f} |"
+            f"| {ratio} | {inproc_ratio} | {inter_ratio} | {files:.0f} | {mb:.2f} |"
         )
     return "\n".join(lines)
 
@@ -684,6 +887,24 @@ def _run_section(names, args) -> list:
                 flush=True,
             )
     return results
+
+
+def _breakdown_text(results) -> str:
+    """Per configuration: median ms per captured step inside each timed piece (nested pieces overlap)."""
+    parts = []
+    for res in results:
+        rows = res.get("breakdown")
+        if not rows:
+            continue
+        inter = res.get("interleaved_uncaptured_median_ms") or res.get("inproc_baseline_median_ms")
+        added = res["median_ms"] - inter if inter else float("nan")
+        parts.append(f"{res['config']}: captured {res['median_ms']:.0f} ms, uncaptured {inter:.0f} ms, "
+                     f"added {added:.0f} ms per step; timed pieces (median per captured step):")
+        parts.append("| piece | ms/step | calls/step |\n|---|---:|---:|")
+        for label, row in sorted(rows.items(), key=lambda item: -item[1]["ms"]):
+            parts.append(f"| {label} | {row['ms']:.1f} | {row['calls']:.0f} |")
+        parts.append("")
+    return "\n".join(parts)
 
 
 def driver(args) -> int:
@@ -738,6 +959,7 @@ def driver(args) -> int:
             "",
             table,
             "",
+            _breakdown_text(results),
             "captured per step (mf_celldump): "
             + "; ".join(
                 f"{r['config']}: {r.get('captured_per_step')}" for r in results if r.get("captured_per_step")
@@ -762,7 +984,7 @@ def driver(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="measured captured steps per configuration")
+    parser.add_argument("--steps", type=int, default=8, help="measured captured steps per configuration")
     parser.add_argument("--warmup", type=int, default=2, help="uncaptured warm-up steps (excluded)")
     parser.add_argument(
         "--inproc-baseline",
@@ -796,6 +1018,8 @@ def main(argv=None) -> int:
             result = micro_worker(args)
         elif args.worker in capture_mcore.CONFIGS:
             result = capture_mcore.worker(args.worker, args.steps, args.seed, _sync, _tree_size)
+        elif args.worker in GRAPH_CONFIGS:
+            result = graph_worker(args)
         else:
             result = worker(args)
         with open(args.result, "w") as handle:

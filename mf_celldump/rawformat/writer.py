@@ -2,7 +2,9 @@
 
 Everything written here is readable after a kill at any moment: tensors go to a
 temporary name and are renamed, records are whole lines flushed one at a time (a torn
-last line is detected by processing), the manifest and step markers are atomic. Steps
+last line is detected by processing), the manifest and step markers are atomic.
+Tensors and records are written by one thread beside training (``writer_thread``),
+in the order they were handed over; a step's marker is written once they all are. Steps
 are given as global steps; the manifest's step numbering says which raw folder holds
 them (graph-mode TensorDump folders follow the graph's own step counter).
 """
@@ -14,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from typing import Dict, Optional, TextIO
+from typing import Callable, Dict, Optional, TextIO
 
 import numpy as np
 
@@ -24,12 +26,15 @@ from mf_celldump.rawformat.keys import ProbeKey
 from mf_celldump.rawformat.manifest import Manifest, write_manifest
 from mf_celldump.rawformat.markers import write_step_done
 from mf_celldump.rawformat.records import encode_record
+from mf_celldump.rawformat.writer_thread import WriterThread
 
 logger = logging.getLogger(__name__)
 
 
 class RawWriter:
     """Owns ``{dump_path}/_raw/rank{R}/`` for one attached dump."""
+
+    background = True  # False: every write happens in the caller (for comparisons)
 
     def __init__(self, dump_path: str, rank: int, run_id: str):
         self.dump_path = dump_path
@@ -42,6 +47,7 @@ class RawWriter:
         self._records: Dict[int, TextIO] = {}
         self._step_dirs: Dict[int, str] = {}
         self._lock = threading.Lock()
+        self._thread = WriterThread(f"mf_celldump-writer-rank{rank}", inline=not self.background)
 
     # -- layout --------------------------------------------------------------------
     def write_manifest(self, manifest: Manifest) -> None:
@@ -108,25 +114,39 @@ class RawWriter:
 
     # -- writing -------------------------------------------------------------------
     def write_tensor(self, step: int, key: ProbeKey, array: np.ndarray, dtype_name: str, seq: int) -> None:
-        """Save ``array`` under its raw name, atomically."""
-        buffer = io.BytesIO()
-        np.save(buffer, np.asarray(array), allow_pickle=False)
-        name = names.raw_tensor_file_name(key, dtype_name, seq)
-        # No fsync per file: the rename alone keeps a killed run readable; the step
-        # marker written at the end of the step is fsynced.
-        atomic_write_bytes(os.path.join(self.step_dir(step), name), buffer.getvalue(), fsync=False)
+        """Save ``array`` under its raw name, atomically, on the writer thread.
+
+        The writer keeps ``array`` until it is saved: the caller must not change it.
+        """
+        path = os.path.join(self.step_dir(step), names.raw_tensor_file_name(key, dtype_name, seq))
+        self._thread.submit(lambda: _save_npy(path, array), array.nbytes)
 
     def append_record(self, step: int, key: ProbeKey, seq: int, **payload) -> None:
-        line = encode_record(key, seq, **payload)
+        folder = self.step_dir(step)
+        self._thread.submit(lambda: self._append_line(step, folder, encode_record(key, seq, **payload)))
+
+    def append_computed_record(self, step: int, key: ProbeKey, seq: int, payload: Callable[[], dict],
+                               nbytes: int = 0) -> None:
+        """A record whose fields ``payload()`` computes on the writer thread (e.g. statistics of a host array
+        of ``nbytes`` that the writer keeps until then)."""
+        folder = self.step_dir(step)
+        self._thread.submit(lambda: self._append_line(step, folder, encode_record(key, seq, **payload())), nbytes)
+
+    def _append_line(self, step: int, folder: str, line: str) -> None:
         with self._lock:
             handle = self._records.get(step)
             if handle is None:
-                handle = open_append(safe_join(self.step_dir(step), names.RECORDS_FILE))
+                handle = open_append(safe_join(folder, names.RECORDS_FILE))
                 self._records[step] = handle
             handle.write(line)
 
+    def flush(self) -> None:
+        """Wait until everything handed over is written; raises the first write failure since the last call."""
+        self._thread.drain()
+
     def finish_step(self, step: int, extra: Optional[dict] = None) -> None:
-        """Close the step's record file and mark the step complete."""
+        """Wait for the step's writes, close its record file and mark the step complete."""
+        self.flush()
         with self._lock:
             handle = self._records.pop(step, None)
         if handle is not None:
@@ -136,7 +156,16 @@ class RawWriter:
             write_step_done(safe_join(path, names.STEP_DONE_FILE), step, self.run_id, extra)
 
     def close(self) -> None:
+        self._thread.stop()
         with self._lock:
             handles, self._records = list(self._records.values()), {}
         for handle in handles:
             handle.close()
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(array), allow_pickle=False)
+    # No fsync per file: the rename alone keeps a killed run readable; the step
+    # marker written at the end of the step is fsynced.
+    atomic_write_bytes(path, buffer.getvalue(), fsync=False)

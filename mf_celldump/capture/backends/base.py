@@ -129,7 +129,15 @@ class CaptureBackend:
             self.finish_step()
 
     def abort_step(self, step: int, captured: bool) -> None:
-        """Called when a step ends because training failed in it; its data stays unfinished."""
+        """Called when a step ends because training failed in it; its data stays unfinished.
+
+        By default what was handed to the writer before the failure is written out first.
+        """
+        if captured:
+            try:
+                self.context.writer.flush()
+            except OSError as err:
+                logger.warning("raw data captured before the failure of step %d was not all written: %s", step, err)
 
     def finish_step(self) -> None:
         """Called when a captured step ends, after the device has been synchronised."""

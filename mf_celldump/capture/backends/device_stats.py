@@ -4,7 +4,8 @@ Captured tensors (forward values and gradients) are only queued while the step r
 at the end of the step (or when the queue holds more than ``pending_limit_bytes``) the
 reductions are launched for the whole batch, the device is synchronised once, and only
 the resulting numbers are copied. On CPU the device memory is host memory, so the
-reductions run in numpy there.
+reductions run in numpy there. A Parameter is reduced when it is captured (with what
+was queued before it), since the optimizer changes it in place later in the step.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import Parameter, Tensor, ops
 
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
@@ -41,10 +42,11 @@ class DeviceStatsBackend(CaptureBackend):
     def setup(self, initial_step: int) -> None:
         self._device = ms.get_context("device_target")
 
-    def queue(self, tensor, key: ProbeKey, mode: str = "out") -> None:
+    def queue(self, tensor, key: ProbeKey, mode: str = "out", parameter: bool = False) -> None:
         self._pending.append((key, self.context.runtime.next_seq(), tensor))
         self._pending_bytes += tensor.nbytes
-        if self._pending_bytes > self.pending_limit_bytes:
+        # A Parameter is reduced at once: the optimizer updates it in place later in the step.
+        if self._pending_bytes > self.pending_limit_bytes or parameter or isinstance(tensor, Parameter):
             self.flush()
 
     def flush(self) -> None:
@@ -100,12 +102,14 @@ class DeviceStatsPyNative(PyNativeFace):
         self.backend = backend
         self.forward_enabled = backend.config.captures_forward
         self.gradient_hooks = GradientHookCache(backend.context.runtime, backend.queue)
+        self._parameter_alias: Optional[Tensor] = None  # the hooked Parameter the next forward() receives
 
     def forward(self, value, key: ProbeKey, mode: str):
         if not self.forward_enabled:
             return value
         if isinstance(value, Tensor):
-            self.backend.queue(value, key)
+            parameter, self._parameter_alias = value is self._parameter_alias, None
+            self.backend.queue(value, key, parameter=parameter)
             return value
         kind = kind_of_value(value)
         if kind is not None:
@@ -113,4 +117,7 @@ class DeviceStatsPyNative(PyNativeFace):
         return value
 
     def backward(self, tensor, key: ProbeKey, mode: str):
-        return self.gradient_hooks.apply(tensor, key)
+        hooked = self.gradient_hooks.apply(tensor, key)
+        # The hook's output shares the Parameter's memory but is no Parameter: remember it for forward().
+        self._parameter_alias = hooked if isinstance(tensor, Parameter) else None
+        return hooked

@@ -42,7 +42,6 @@ from mf_celldump.rawformat.keys import (
     kind_of_value,
     scalar_of_kind,
 )
-from mf_celldump.statistics import compute_statistics
 
 # Dtype codes carried in host-op keys (0-d tensors reach a pyfunc as Python scalars,
 # so the dtype cannot be read back from the value).
@@ -54,6 +53,15 @@ def _dtype_code(ms_dtype) -> Tuple[int]:
     """``mindspore.float32`` -> the index of ``float32`` in the code table."""
     name = numpy_dtype_name(str(ms_dtype))
     return (_DTYPE_NAMES.index(name) if name in _DTYPE_NAMES else _NO_DTYPE,)
+
+
+def _owned(data) -> np.ndarray:
+    """``data`` as an array the writer may keep after the op returns: copied unless numpy owns its memory
+    (the op's input may be a view of memory MindSpore reuses)."""
+    array = np.asarray(data)
+    if array.base is None and array.flags.owndata:
+        return array
+    return np.array(array, copy=True)
 
 
 def _same_shape(x_shape, key_shape):
@@ -141,16 +149,15 @@ class HostBackend(CaptureBackend):
             sink.value(probe, scalar_of_kind(probe.kind, data))
             return
         dtype = _DTYPE_NAMES[codes[0]] if 0 <= codes[0] < len(_DTYPE_NAMES) else None
-        array = np.asarray(data)
+        array = _owned(data)
         if dtype and dtype != "bfloat16" and array.dtype.name != dtype:
             array = array.astype(dtype)  # a 0-d tensor arrives as a Python scalar
         dtype = dtype or array.dtype.name
+        # The writer's thread saves the array or computes its statistics; the op returns at once.
         if self.config.task == "tensor":
             sink.tensor(probe, array, dtype)
         else:
-            seq = runtime.next_seq()
-            stats = compute_statistics(array, self.config.statistics)
-            sink.statistics(probe, mindspore_dtype_name(dtype), array.shape, stats, seq)
+            sink.statistics_of(probe, mindspore_dtype_name(dtype), array, self.config.statistics)
 
     def _emit_constants(self, sink, note: int) -> None:
         cell_id, recorded = self.constants[note]

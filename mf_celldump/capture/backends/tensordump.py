@@ -1,7 +1,11 @@
 """MindSpore's TensorDump for forward values and DumpGradient for gradients.
 
 PyNative (verified on CPU): the file path holds the step folder and the exact call
-index; TensorDump appends ``_{dtype}_{id}.npy`` and writes synchronously.
+index; TensorDump appends ``_{dtype}_{id}.npy`` and writes synchronously, waiting for
+the value (and so for every op queued before it). The step path therefore only queues
+(path, tensor) pairs; they are dumped in capture order after one synchronisation at the
+end of the step, or earlier when the queue holds more than ``pending_limit_bytes``.
+Parameters are dumped at once: the optimizer updates them in place later in the step.
 
 Graph mode (Ascend; proven on CPU by the emulation in ``tests/ascend_emulation.py``):
 file paths hold MindSpore's ``{step}`` placeholder and MindSpore writes the files
@@ -18,10 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Tuple
 
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import Parameter, Tensor, ops
 from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
@@ -46,6 +50,7 @@ class TensorDumpBackend(CaptureBackend):
         self.steps: Optional[GraphStepMap] = None
         self._send_failed = False
         self._next_step: Optional[int] = None  # the step the previous one leads to
+        self._face: Optional[TensorDumpPyNative] = None
 
     @property
     def writes_later(self) -> bool:
@@ -107,6 +112,12 @@ class TensorDumpBackend(CaptureBackend):
     def abort_step(self, step: int, captured: bool) -> None:
         if self.graph_mode:  # no step-done marker: the failed step stays incomplete
             self._step_boundary(step, captured=False)
+        elif captured and self._face is not None:
+            self._face.flush()  # what was captured before the failure is written, as before; no marker
+
+    def finish_step(self) -> None:
+        if self._face is not None:
+            self._face.flush()
 
     def synchronize(self) -> None:
         self.primitives.synchronize()
@@ -143,19 +154,25 @@ class TensorDumpBackend(CaptureBackend):
             self.primitives.tensordump_set_step(self.steps.final_filter())
 
     def pynative(self) -> PyNativeFace:
-        return TensorDumpPyNative(self)
+        self._face = TensorDumpPyNative(self)
+        return self._face
 
     def graph(self) -> GraphFace:
         return TensorDumpGraph(self)
 
 
 class TensorDumpPyNative(PyNativeFace):
+    pending_limit_bytes = 256 * 1024 * 1024
+
     def __init__(self, backend: TensorDumpBackend):
         self.backend = backend
         self.context = backend.context
         self.primitives = backend.primitives
         self.forward_enabled = backend.config.captures_forward
         self.gradient_hooks = GradientHookCache(self.context.runtime, self._dump_gradient)
+        self._pending: List[Tuple[str, str, Tensor]] = []  # (mode, path, tensor) in capture order
+        self._pending_bytes = 0
+        self._parameter_alias: Optional[Tensor] = None  # the hooked Parameter the next forward() receives
 
     def _path(self, key: ProbeKey) -> str:
         stem = raw_stem(key, self.backend.stem_separator)
@@ -164,24 +181,45 @@ class TensorDumpPyNative(PyNativeFace):
     def _op(self, mode: str):
         return self.primitives.dump_in if mode == "in" else self.primitives.dump_out
 
+    def _queue(self, mode: str, path: str, tensor, parameter: bool = False) -> None:
+        if parameter or isinstance(tensor, Parameter):
+            self.flush()  # keeps capture order; the value is the one before the optimizer's update
+            self._op(mode)(path, tensor)
+            return
+        self._pending.append((mode, path, tensor))
+        self._pending_bytes += tensor.nbytes
+        if self._pending_bytes > self.pending_limit_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Dump every queued value in capture order; the first dump waits for the queue, the rest do not."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        dump_in, dump_out = self.primitives.dump_in, self.primitives.dump_out
+        for mode, path, tensor in pending:
+            (dump_in if mode == "in" else dump_out)(path, tensor)
+
     def forward(self, value, key: ProbeKey, mode: str):
         if not self.forward_enabled:
             return value
         if isinstance(value, Tensor):
-            self._op(mode)(self._path(key), value)
+            parameter, self._parameter_alias = value is self._parameter_alias, None
+            self._queue(mode, self._path(key), value, parameter)
             return value
         kind = kind_of_value(value)
         if kind is not None:
             # Non-tensor values travel as scalar tensors so they share TensorDump's order.
             scalar = 0 if value is None else value
-            self._op(mode)(self._path(key.with_kind(kind)), Tensor(scalar))
+            self._queue(mode, self._path(key.with_kind(kind)), Tensor(scalar))
         return value
 
     def backward(self, tensor, key: ProbeKey, mode: str):
-        return self.gradient_hooks.apply(tensor, key, mode)
+        hooked = self.gradient_hooks.apply(tensor, key, mode)
+        # The hook's output shares the Parameter's memory but is no Parameter: remember it for forward().
+        self._parameter_alias = hooked if isinstance(tensor, Parameter) else None
+        return hooked
 
     def _dump_gradient(self, gradient, key: ProbeKey, mode: str) -> None:
-        self._op(mode)(self._path(key), gradient)
+        self._queue(mode, self._path(key), gradient)
 
 
 class TensorDumpGraph(GraphFace):

@@ -1,0 +1,86 @@
+"""One thread beside training that does a raw writer's file work, in submission order.
+
+Capture ops hand over (path, array) or (key, array) and return at once; saving, renaming
+and statistics of host arrays run here. ``drain`` waits for everything handed over so
+far (the writer calls it before a step's completion marker) and raises the first
+failure, so a failed write still stops the step from being marked complete. Held
+arrays are bounded: a producer waits while more than ``limit_bytes`` are queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable, Optional
+
+logger = logging.getLogger(__name__)
+
+
+class WriterThread:
+    """A FIFO of jobs for one daemon thread, started on the first job."""
+
+    def __init__(self, name: str, limit_bytes: int = 256 * 1024 * 1024, inline: bool = False):
+        self.name = name
+        self.limit_bytes = limit_bytes
+        self.inline = inline  # run every job in the caller (no thread)
+        self._jobs: queue.Queue = queue.Queue()
+        self._cond = threading.Condition()
+        self._held = 0
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def submit(self, job: Callable[[], None], nbytes: int = 0) -> None:
+        """Run ``job`` on the thread after every job submitted before it."""
+        if self.inline or (self._thread is not None and threading.get_ident() == self._thread.ident):
+            job()  # a job handing over more work: run it in place (waiting here would wait for itself)
+            return
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            while self._held > self.limit_bytes:
+                self._cond.wait()
+            self._held += nbytes
+        self._jobs.put((job, nbytes))
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            try:
+                if item is None:
+                    return
+                job, nbytes = item
+                try:
+                    job()
+                except BaseException as err:  # kept for drain(); the thread goes on with the next job
+                    with self._cond:
+                        if self._error is None:
+                            self._error = err
+                            logger.error("raw capture writer failed: %s", err)
+                finally:
+                    with self._cond:
+                        self._held -= nbytes
+                        self._cond.notify_all()
+            finally:
+                self._jobs.task_done()
+
+    def drain(self) -> None:
+        """Wait until every submitted job has run; raise the first failure since the last drain."""
+        if self._thread is None:
+            return
+        self._jobs.join()
+        with self._cond:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def stop(self) -> None:
+        """Finish the queued jobs and end the thread (failures are logged, not raised)."""
+        if self._thread is None:
+            return
+        self._jobs.put(None)
+        self._thread.join()
+        self._thread = None
+        with self._cond:
+            self._error = None
