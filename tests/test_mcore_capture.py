@@ -381,7 +381,7 @@ def test_graph_values_equal_pynative_values(runs, model):
     graph = _trained(runs, model, "graph", "tensor")
     folder = "step0/rank/dump_tensor_data"
     files = sorted(set(os.listdir(pynative["dump"] / folder)) & set(os.listdir(graph["dump"] / folder)))
-    compared = 0
+    compared, clip_factors = 0, []
     for name in files:
         if name in MORPH_EMBEDDINGS or (model == "deepseek3" and (".backward." in name or ".parameters_grad." in name)):
             continue
@@ -390,9 +390,20 @@ def test_graph_values_equal_pynative_values(runs, model):
         want = np.load(pynative["dump"] / folder / name)
         got = np.load(graph["dump"] / folder / name)
         assert got.dtype == want.dtype, name
+        if ".parameters_grad." in name:
+            # Graph mode records the gradients the optimizer receives, after use_clip_grad's global
+            # norm clipping; PyNative those autodiff gives: one common factor apart.
+            clip_factors.append((name, float(np.dot(got.ravel(), want.ravel()) / np.dot(want.ravel(), want.ravel())),
+                                 got, want))
+            continue
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
         compared += 1
     assert compared > 150
+    if clip_factors:
+        factor = float(np.median([f for _, f, _, _ in clip_factors]))
+        assert 0 < factor <= 1 + 1e-6
+        for name, _, got, want in clip_factors:
+            np.testing.assert_allclose(got, want * factor, rtol=1e-3, atol=1e-7, err_msg=name)
 
 
 @pytest.mark.parametrize("model,mode", [
@@ -418,13 +429,7 @@ def test_backward_call_k_pairs_with_forward_call_k(runs, model, mode):
                     assert grad["shape"] == forward["input_args"][i]["shape"], (cell, k, i)
 
 
-@pytest.mark.parametrize("model", [
-    pytest.param("qwen3", marks=pytest.mark.xfail(strict=True, reason=(
-        "capture bug (found by this test): Graph mode loses captured values the compiler can drop: "
-        "PreprocessLabelsAndMasks outputs 0 and 2 (labels, loss_mask: unused later in Qwen3, used by "
-        "DeepSeek-V3's MTP, where they are captured) and the second call's rotary tensor of "
-        "apply_rotary_pos_emb (the same tensor and probe as the first call) are null in dump.json"))),
-    "deepseek3"])
+@pytest.mark.parametrize("model", mcore_models.MODELS)
 def test_graph_captures_every_tensor_pynative_captures(runs, model):
     pynative = _trained(runs, model, "pynative", "tensor")
     graph = _trained(runs, model, "graph", "tensor")
@@ -475,7 +480,8 @@ def _stat_mismatches(tensor_run, stats_run, select):
         assert set(got) == set(want)
         for name, entry in got.items():
             for side in ("input_args", "output"):
-                for index, (node, want_node) in enumerate(zip(entry[side], want[name][side])):
+                pairs = zip(entry.get(side) or [], want[name].get(side) or [])  # parameters_grad: neither
+                for index, (node, want_node) in enumerate(pairs):
                     if not select((name, side, index)):
                         continue
                     for a, b in zip(_leaves(node), _leaves(want_node)):
@@ -496,12 +502,7 @@ def test_statistics_task_matches_tensor_task(runs, model, mode):
     assert not _stat_mismatches(tensor, stats, lambda where: where not in parameters)
 
 
-@pytest.mark.parametrize("mode", [
-    pytest.param("pynative", marks=pytest.mark.xfail(strict=True, reason=(
-        "capture bug (found by this test): PyNative statistics (device_stats backend) queue the tensor "
-        "and reduce it at the end of the step, after the optimizer updated Parameters passed as "
-        "arguments in place; their statistics are of the updated weights"))),
-    "graph"])
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_statistics_of_parameter_arguments_are_taken_when_the_cell_runs(runs, mode):
     """DeepSeek-V3's MTP block and its embedding get the shared embedding and output weights as
     arguments; step 0 must record the weights step 0 used (as the tensor task does)."""

@@ -16,7 +16,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, PyNativeFace
-from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
+from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.rawformat.keys import ProbeKey, kind_of_value
 from mf_celldump.statistics import REDUCTIONS, StatValues, compute_statistics, crc32_hex, statistics_record
@@ -102,13 +102,13 @@ class DeviceStatsPyNative(PyNativeFace):
         self.backend = backend
         self.forward_enabled = backend.config.captures_forward
         self.gradient_hooks = GradientHookCache(backend.context.runtime, backend.queue)
-        self._parameter_alias: Optional[Tensor] = None  # the hooked Parameter the next forward() receives
+        self.aliases = ParameterAliases(backend.context.runtime)  # Parameters and our hooks' aliases of them, this step
 
     def forward(self, value, key: ProbeKey, mode: str):
         if not self.forward_enabled:
             return value
         if isinstance(value, Tensor):
-            parameter, self._parameter_alias = value is self._parameter_alias, None
+            parameter = self.aliases.is_parameter(value)
             self.backend.queue(value, key, parameter=parameter)
             return value
         kind = kind_of_value(value)
@@ -118,6 +118,5 @@ class DeviceStatsPyNative(PyNativeFace):
 
     def backward(self, tensor, key: ProbeKey, mode: str):
         hooked = self.gradient_hooks.apply(tensor, key)
-        # The hook's output shares the Parameter's memory but is no Parameter: remember it for forward().
-        self._parameter_alias = hooked if isinstance(tensor, Parameter) else None
+        self.aliases.hooked(tensor, hooked)  # shares a Parameter's memory but is no Parameter
         return hooked

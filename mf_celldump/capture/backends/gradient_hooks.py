@@ -34,3 +34,33 @@ class GradientHookCache:
 
             hook = self._hooks[(key, mode)] = ops.InsertGradientOf(on_gradient)
         return hook(tensor)
+
+
+class ParameterAliases:
+    """Tensors that are a Parameter or share its memory through our gradient hooks.
+
+    A hooked Parameter comes back as a new tensor sharing its memory; when a parent cell
+    passes it on to a child, the child's hook wraps that alias again. A deferred capture
+    must take all of them at once, before the optimizer updates the Parameter in place.
+    Kept for the running step only, with references so ids are not reused meanwhile.
+    """
+
+    def __init__(self, runtime: CaptureRuntime) -> None:
+        self._runtime = runtime
+        self._step = None
+        self._aliases: Dict[int, object] = {}
+
+    def _current(self) -> Dict[int, object]:
+        if self._step != self._runtime.step:
+            self._step, self._aliases = self._runtime.step, {}
+        return self._aliases
+
+    def is_parameter(self, tensor) -> bool:
+        from mindspore import Parameter
+
+        return isinstance(tensor, Parameter) or id(tensor) in self._current()
+
+    def hooked(self, tensor, result) -> None:
+        """``result`` is ``tensor`` passed through a gradient hook."""
+        if result is not tensor and self.is_parameter(tensor):
+            self._current()[id(result)] = result

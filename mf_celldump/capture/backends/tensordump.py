@@ -30,7 +30,7 @@ from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
-from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
+from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.rawformat.keys import BACKWARD, CODE_SLOTS, FORWARD, KIND_TENSOR, ProbeKey, kind_of_value
 from mf_celldump.rawformat.manifest import COMPLETION_TENSORDUMP, NUMBERING_GLOBAL, NUMBERING_GRAPH
@@ -172,7 +172,7 @@ class TensorDumpPyNative(PyNativeFace):
         self.gradient_hooks = GradientHookCache(self.context.runtime, self._dump_gradient)
         self._pending: List[Tuple[str, str, Tensor]] = []  # (mode, path, tensor) in capture order
         self._pending_bytes = 0
-        self._parameter_alias: Optional[Tensor] = None  # the hooked Parameter the next forward() receives
+        self.aliases = ParameterAliases(self.context.runtime)  # Parameters and our hooks' aliases of them, this step
 
     def _path(self, key: ProbeKey) -> str:
         stem = raw_stem(key, self.backend.stem_separator)
@@ -202,7 +202,7 @@ class TensorDumpPyNative(PyNativeFace):
         if not self.forward_enabled:
             return value
         if isinstance(value, Tensor):
-            parameter, self._parameter_alias = value is self._parameter_alias, None
+            parameter = self.aliases.is_parameter(value)
             self._queue(mode, self._path(key), value, parameter)
             return value
         kind = kind_of_value(value)
@@ -214,8 +214,7 @@ class TensorDumpPyNative(PyNativeFace):
 
     def backward(self, tensor, key: ProbeKey, mode: str):
         hooked = self.gradient_hooks.apply(tensor, key, mode)
-        # The hook's output shares the Parameter's memory but is no Parameter: remember it for forward().
-        self._parameter_alias = hooked if isinstance(tensor, Parameter) else None
+        self.aliases.hooked(tensor, hooked)  # shares a Parameter's memory but is no Parameter
         return hooked
 
     def _dump_gradient(self, gradient, key: ProbeKey, mode: str) -> None:
