@@ -58,23 +58,6 @@ def run_driver(args: List[str], cwd: str, timeout: int = 900, env: Optional[dict
 
 
 # -- train ------------------------------------------------------------------------------------
-class AscendNamedTensorDump:
-    """Stands in for ``ops.TensorDump`` in PyNative: writes at once, ``_in`` suffix in "in" mode."""
-
-    counter = [0]
-
-    def __init__(self, input_output="out"):
-        self.mode = input_output
-
-    def __call__(self, path, x):
-        import numpy as np
-
-        suffix = "_in" if self.mode == "in" else ""
-        array = x.asnumpy()
-        np.save(f"{path}{suffix}_{array.dtype.name}_{self.counter[0]}.npy", array)
-        self.counter[0] += 1
-
-
 def _register_weight_saver(path: str) -> None:
     from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
     from mindspore import save_checkpoint
@@ -101,6 +84,8 @@ def train(argv: List[str]) -> int:
 
     if args.ascend_named_tensordump:
         import mindspore as ms
+
+        from tests.tensordump_standin import AscendNamedTensorDump
 
         ms.ops.TensorDump = AscendNamedTensorDump
     if args.initial_weights:

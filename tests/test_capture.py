@@ -19,6 +19,7 @@ from mf_celldump.capture.session import AttachError, find_attached
 from tests import capture_net as cn
 from tests import formats as fmt
 from tests.rawread import read_manifest, read_step
+from tests.tensordump_standin import AscendNamedTensorDump
 
 STEPS = 3
 
@@ -390,25 +391,9 @@ def test_cell_selection_include_exclude(tmp_path):
     dump.detach()
 
 
-class _AscendNamedTensorDump:
-    """Stands in for ``ops.TensorDump`` in PyNative: writes the file at once, adding ``_in`` in
-    "in" mode as TensorDump does on Ascend (on CPU the real op ignores the mode)."""
-
-    counter = [0]
-
-    def __init__(self, input_output="out"):
-        self.mode = input_output
-
-    def __call__(self, path, x):
-        suffix = "_in" if self.mode == "in" else ""
-        array = x.asnumpy()
-        np.save(f"{path}{suffix}_{array.dtype.name}_{self.counter[0]}.npy", array)
-        self.counter[0] += 1
-
-
 def test_layer_mapping_modes_reach_the_captured_files(tmp_path, monkeypatch):
     """Per-argument in/out modes from a user mapping file are applied by argument index."""
-    monkeypatch.setattr(ms.ops, "TensorDump", _AscendNamedTensorDump)
+    monkeypatch.setattr(ms.ops, "TensorDump", AscendNamedTensorDump)
     mapping = tmp_path / "mapping.yaml"
     mapping.write_text("Net:\n  gate: gate([in, _], [in])  # x in, scale default; output in\n"
                        "TopLayer:\n  split: split([], [_, in])\n")
