@@ -207,13 +207,18 @@ class ParameterCapture:
 
 
 def host_array(tensor) -> Tuple[np.ndarray, str]:
-    """(numpy array, numpy-style dtype name); bfloat16 comes as float32 data named ``bfloat16``."""
+    """(numpy array, numpy-style dtype name); bfloat16 comes as float32 data named ``bfloat16``.
+
+    Always a copy: on CPU ``asnumpy()`` of a Parameter can share its memory, and the raw
+    writer saves the array later, on its thread, after the optimizer updated the Parameter
+    in place (seen as weights of the next step under MindSpore 2.8 and 2.10).
+    """
     import mindspore as ms
 
     dtype = numpy_dtype_name(str(tensor.dtype))
     if tensor.dtype == ms.bfloat16:
-        return tensor.astype(ms.float32).asnumpy(), dtype
-    return tensor.asnumpy(), dtype
+        return np.array(tensor.astype(ms.float32).asnumpy(), copy=True), dtype
+    return np.array(tensor.asnumpy(), copy=True), dtype
 
 
 def find_optimizer(network):
