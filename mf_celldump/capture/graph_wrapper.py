@@ -59,6 +59,59 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _Grap
     (``constants_of``, pure) and reach the raw files through the ``note`` of the call's
     first tensor probe, so no operation touches them and they stay compile-time constants.
     """
+    from mindspore.ops.primitive import constexpr
+
+    @constexpr
+    def extend(path, index):
+        return path + (index,)
+
+    @constexpr
+    def no_note(cell_id, leaves):
+        return 0
+
+    constants_of, constants_of_items = _constant_collectors(extend)
+    capture, capture_items, capture_output, after = _capturers(probe, extend)
+    return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
+                         constants_of, constants_of_items)
+
+
+def _constant_collectors(extend: Callable):
+    """``constants_of`` / ``constants_of_items``: the constant non-tensor leaves of a value, as
+    ``((slot_code, path, value), ...)``, computed at compile time by pure graph code."""
+    from mindspore import Tensor
+    from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
+    from mindspore.ops.functional import isconstant
+    from mindspore.ops.primitive import constexpr
+
+    @constexpr
+    def leaf(slot_code, path, value):
+        return ((slot_code, path, value),)
+
+    def constants_of(value, slot_code, path):
+        if isinstance(value, Tensor):
+            return ()
+        if isinstance(value, (tuple, list)):
+            return constants_of_items(tuple(value), slot_code, path, 0)
+        if isinstance(value, dict):
+            return ()  # dicts pass through uncaptured
+        if isconstant(value):
+            return leaf(slot_code, path, value)
+        return ()
+
+    def constants_of_items(items, slot_code, path, index):
+        if is_dynamic_length(items):
+            return ()
+        if not items:
+            return ()
+        first = constants_of(items[0], slot_code, extend(path, index))
+        return first + constants_of_items(items[1:], slot_code, path, index + 1)
+
+    return constants_of, constants_of_items
+
+
+def _capturers(probe: Callable, extend: Callable):
+    """``capture``, ``capture_items``, ``capture_output`` and ``after``: tensors through ``probe``
+    (the call's note handed to its first tensor), everything else returned as it came."""
     from mindspore import Tensor
     from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
     from mindspore.ops.functional import isconstant
@@ -67,18 +120,6 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _Grap
     @constexpr
     def uses_in(flags, index):
         return flags if isinstance(flags, bool) else (index < len(flags) and flags[index])
-
-    @constexpr
-    def extend(path, index):
-        return path + (index,)
-
-    @constexpr
-    def leaf(slot_code, path, value):
-        return ((slot_code, path, value),)
-
-    @constexpr
-    def no_note(cell_id, leaves):
-        return 0
 
     def has_tensor(value):
         if isinstance(value, Tensor):
@@ -100,25 +141,6 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _Grap
         if has_tensor(value):
             return 0
         return note
-
-    def constants_of(value, slot_code, path):
-        if isinstance(value, Tensor):
-            return ()
-        if isinstance(value, (tuple, list)):
-            return constants_of_items(tuple(value), slot_code, path, 0)
-        if isinstance(value, dict):
-            return ()  # dicts pass through uncaptured
-        if isconstant(value):
-            return leaf(slot_code, path, value)
-        return ()
-
-    def constants_of_items(items, slot_code, path, index):
-        if is_dynamic_length(items):
-            return ()
-        if not items:
-            return ()
-        first = constants_of(items[0], slot_code, extend(path, index))
-        return first + constants_of_items(items[1:], slot_code, path, index + 1)
 
     def capture_items(items, head, path, flags, index, note):
         if is_dynamic_length(items):
@@ -144,8 +166,7 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _Grap
             return capture_items(out, head, (), flags, 0, note)
         return capture(out, head, (0,), uses_in(flags, 0), note)
 
-    return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
-                         constants_of, constants_of_items)
+    return capture, capture_items, capture_output, after
 
 
 def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, sources: GeneratedSources) -> Callable:
