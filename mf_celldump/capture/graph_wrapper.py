@@ -42,16 +42,18 @@ _GENERATED_MODULE = __name__
 class _GraphHelpers:
     """The graph-parsable functions a generated ``construct`` closes over."""
 
-    capture: Callable  # (value, head, path, use_in, note) -> value
-    capture_items: Callable  # (items, head, path, flags, index, note) -> tuple
-    capture_output: Callable  # (out, head, flags, note) -> out
+    capture: Callable  # (value, head, path, use_in, note, call) -> value
+    capture_items: Callable  # (items, head, path, flags, index, note, call) -> tuple
+    capture_output: Callable  # (out, head, flags, note, call) -> out
     after: Callable  # (value, note) -> the note left for later probes of the call
     note_constants: Callable  # (cell_id, leaves) -> note; 0 when the backend records none
     constants_of: Callable  # (value, slot_code, path) -> ((slot_code, path, value), ...)
     constants_of_items: Callable  # (items, slot_code, path, index) -> the same, for a sequence
+    call_number: Callable  # (cell_id) -> the call's number for its probes (-1: processing infers it)
 
 
-def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _GraphHelpers:
+def _graph_helpers(probe: Callable, note_constants: Optional[Callable],
+                   call_number: Optional[Callable]) -> _GraphHelpers:
     """Graph-parsable helpers shared by both graph wrapper shapes.
 
     Only tensors are handed to probes that may replace them; a non-tensor value is
@@ -69,10 +71,14 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable]) -> _Grap
     def no_note(cell_id, leaves):
         return 0
 
+    @constexpr
+    def uncounted(cell_id):
+        return -1
+
     constants_of, constants_of_items = _constant_collectors(extend)
     capture, capture_items, capture_output, after = _capturers(probe, extend)
     return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
-                         constants_of, constants_of_items)
+                         constants_of, constants_of_items, call_number or uncounted)
 
 
 def _constant_collectors(extend: Callable):
@@ -142,29 +148,29 @@ def _capturers(probe: Callable, extend: Callable):
             return 0
         return note
 
-    def capture_items(items, head, path, flags, index, note):
+    def capture_items(items, head, path, flags, index, note, call):
         if is_dynamic_length(items):
             return items  # length unknown at compile time: passed through uncaptured
         if not items:
             return ()
-        first = capture(items[0], head, extend(path, index), uses_in(flags, index), note)
-        return (first,) + capture_items(items[1:], head, path, flags, index + 1, after(items[0], note))
+        first = capture(items[0], head, extend(path, index), uses_in(flags, index), note, call)
+        return (first,) + capture_items(items[1:], head, path, flags, index + 1, after(items[0], note), call)
 
-    def capture(value, head, path, use_in, note):
+    def capture(value, head, path, use_in, note, call):
         if isinstance(value, tuple):
-            return capture_items(value, head, path, use_in, 0, note)
+            return capture_items(value, head, path, use_in, 0, note, call)
         if isinstance(value, list):
-            return list(capture_items(tuple(value), head, path, use_in, 0, note))
+            return list(capture_items(tuple(value), head, path, use_in, 0, note, call))
         if isinstance(value, Tensor):
-            return probe(value, head, path, use_in, note)
+            return probe(value, head, path, use_in, note, call)
         if isconstant(value):
             return value  # the same object: a compile-time constant stays one
-        return probe(value, head, path, use_in, 0)  # a variable scalar (``mutable``)
+        return probe(value, head, path, use_in, 0, call)  # a variable scalar (``mutable``)
 
-    def capture_output(out, head, flags, note):
+    def capture_output(out, head, flags, note, call):
         if isinstance(out, tuple):
-            return capture_items(out, head, (), flags, 0, note)
-        return capture(out, head, (0,), uses_in(flags, 0), note)
+            return capture_items(out, head, (), flags, 0, note, call)
+        return capture(out, head, (0,), uses_in(flags, 0), note, call)
 
     return capture, capture_items, capture_output, after
 
@@ -177,7 +183,7 @@ def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, so
     out_flags = tuple(modes.output_mode(i) == "in" for i in range(len(modes.output_modes)))
     heads = {slot: (selected.cell_id, SLOT_CODES[slot]) for slot in SLOTS}
     records_constants = face.constants_function()
-    helpers = _graph_helpers(face.probe_function(), records_constants)
+    helpers = _graph_helpers(face.probe_function(), records_constants, face.call_function())
     if any(slot.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for slot in slots):
         return _varargs_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
                                         records_constants is not None)
@@ -215,7 +221,8 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
         head = heads[SLOT_ARG] if slot.slot == SLOT_ARG else heads[SLOT_KWARG]
         use_in = slot.slot == SLOT_ARG and slot.index < len(in_flags) and in_flags[slot.index]
         constants.append(f"_mfcd_constants_of({slot.name}, {head[1]!r}, ({slot.index},))")
-        body.append(f"{slot.name} = _mfcd_capture({slot.name}, {head!r}, ({slot.index},), {use_in!r}, _mfcd_note)")
+        body.append(f"{slot.name} = _mfcd_capture({slot.name}, {head!r}, ({slot.index},), {use_in!r}, _mfcd_note, "
+                    "_mfcd_call)")
         body.append(f"_mfcd_note = _mfcd_after({slot.name}, _mfcd_note)")
         call.append(slot.name if slot.slot == SLOT_ARG else f"{slot.name}={slot.name}")
     if records_constants and constants:
@@ -224,12 +231,13 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
         note = "_mfcd_note = 0"
     lines = [
         "def _mfcd_make(_mfcd_original, _mfcd_capture, _mfcd_capture_output, _mfcd_after, _mfcd_note_constants,",
-        "               _mfcd_constants_of, _mfcd_out_head, _mfcd_out_flags):",
+        "               _mfcd_constants_of, _mfcd_call_number, _mfcd_out_head, _mfcd_out_flags):",
         f"    def construct({', '.join(params)}):",
+        f"        _mfcd_call = _mfcd_call_number({heads[SLOT_ARG][0]!r})",
         f"        {note}",
         *[f"        {line}" for line in body],
         f"        _mfcd_out = _mfcd_original({', '.join(call)})",
-        "        return _mfcd_capture_output(_mfcd_out, _mfcd_out_head, _mfcd_out_flags, _mfcd_note)",
+        "        return _mfcd_capture_output(_mfcd_out, _mfcd_out_head, _mfcd_out_flags, _mfcd_note, _mfcd_call)",
         "    return construct",
         "",
     ]
@@ -239,7 +247,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     exec(compile(source, file_name, "exec"), namespace)  # noqa: S102 - our own generated source
     make = namespace["_mfcd_make"]
     construct = make(original, helpers.capture, helpers.capture_output, helpers.after, helpers.note_constants,
-                     helpers.constants_of, heads[SLOT_OUTPUT], out_flags)
+                     helpers.constants_of, helpers.call_number, heads[SLOT_OUTPUT], out_flags)
     positional_defaults = tuple(
         slot.default for slot in slots
         if slot.kind != inspect.Parameter.KEYWORD_ONLY and slot.default is not inspect.Parameter.empty
@@ -262,7 +270,7 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
     arg_head, out_head = heads[SLOT_ARG], heads[SLOT_OUTPUT]
     cell_id = arg_head[0]
     capture, capture_items, capture_output = helpers.capture, helpers.capture_items, helpers.capture_output
-    after, note_constants = helpers.after, helpers.note_constants
+    after, note_constants, call_number = helpers.after, helpers.note_constants, helpers.call_number
     constants_of, constants_of_items = helpers.constants_of, helpers.constants_of_items
 
     @constexpr
@@ -279,17 +287,17 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
             return constants_of(kwargs[names[0]], head[1], (index,)) + rest
         return rest
 
-    def capture_kwargs(kwargs, names, note):
+    def capture_kwargs(kwargs, names, note, call):
         if not names:
             return {}
         name = names[0]
         head, index = keyword_head(name)
         if index >= 0:
-            value = capture(kwargs[name], head, (index,), False, note)
-            captured = capture_kwargs(kwargs, names[1:], after(kwargs[name], note))
+            value = capture(kwargs[name], head, (index,), False, note, call)
+            captured = capture_kwargs(kwargs, names[1:], after(kwargs[name], note), call)
             captured[name] = value
         else:
-            captured = capture_kwargs(kwargs, names[1:], note)
+            captured = capture_kwargs(kwargs, names[1:], note, call)
             captured[name] = kwargs[name]  # absorbed by **kwargs: no stable index to name it by
         return captured
 
@@ -302,13 +310,15 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
         return kwargs_after(kwargs, names[1:], note)
 
     def construct(self, *args, **kwargs):
+        call = call_number(cell_id)
         note = 0
         if records_constants:
             note = note_constants(cell_id, constants_of_items(args, arg_head[1], (), 0)
                                   + kwargs_constants(kwargs, tuple(kwargs.keys())))
-        new_args = capture_items(args, arg_head, (), in_flags, 0, note)
-        new_kwargs = capture_kwargs(kwargs, tuple(kwargs.keys()), after(args, note))
+        new_args = capture_items(args, arg_head, (), in_flags, 0, note, call)
+        new_kwargs = capture_kwargs(kwargs, tuple(kwargs.keys()), after(args, note), call)
         out = original(*new_args, **new_kwargs)
-        return capture_output(out, out_head, out_flags, kwargs_after(kwargs, tuple(kwargs.keys()), after(args, note)))
+        return capture_output(out, out_head, out_flags, kwargs_after(kwargs, tuple(kwargs.keys()), after(args, note)),
+                              call)
 
     return construct

@@ -73,15 +73,23 @@ class GraphFace(ABC):
 
     @abstractmethod
     def probe_function(self) -> Callable:
-        """``probe(value, head, path, use_in, note) -> value``; ``head`` = (cell id, slot code).
+        """``probe(value, head, path, use_in, note, call) -> value``; ``head`` = (cell id, slot code).
 
         A non-tensor ``value`` must come back as the very same object, with no operation
         applied to it: a value that is a constant to MindSpore's compiler (``None``, a Python
         int, a flag) has to stay one for the wrapped ``construct`` (issue 13). ``note`` is
         the id ``constants_function`` gave for this call's constant values, handed to the
         first tensor probe of the call (0 for the others): emitting those values when that
-        probe runs records them once per call without any op of their own.
+        probe runs records them once per call without any op of their own. ``call`` is what
+        ``call_function`` returned at the start of the call (-1 when the backend has none).
         """
+
+    def call_function(self) -> Optional[Callable]:
+        """``call_number(cell_id)``, run once at the start of each call of a cell: the call's number
+        as the running graph sees it, handed to that call's probes; None when this backend
+        cannot number calls at run time (processing then infers the numbers from the order of
+        captures, docs/raw-format.md)."""
+        return None
 
     def constants_function(self) -> Optional[Callable]:
         """A ``constexpr`` ``note(cell_id, leaves) -> int`` run at compile time, ``leaves`` being

@@ -1,9 +1,10 @@
 """Host capture op: an identity pyfunc ``ops.Custom`` whose Python body writes the data.
 
 Python runs when the op executes, in either mode, so this works wherever MindSpore
-runs pyfunc ops (CPU and GPU, PyNative and graph). The op takes ``(x, key)`` where
-``key`` is a small int32 tensor (dtype code + probe key codes), so one op instance
-serves every probe. Its ``bprop`` passes the incoming gradient through a second
+runs pyfunc ops (CPU and GPU, PyNative and graph). The op takes ``(x, key, call)`` where
+``key`` is a small int32 tensor (dtype code + probe key codes) and ``call`` the call
+number when only the running graph knows it (below), so one op instance serves every
+probe. Its ``bprop`` passes the incoming gradient through a second
 pyfunc op that records it. The forward op carries ``side_effect_io``, so graph mode neither
 drops a probe whose output goes unused nor merges two calls' probes of one tensor.
 
@@ -13,13 +14,23 @@ note's id in its key, so the values are written when that probe runs, once per c
 with no op touching them (an op on a constant, even one whose output is unused, made
 MindSpore treat it as a variable: issue 13). A value that is not a compile-time constant
 (a ``mutable`` scalar) goes through the ``side_effect_io`` value op as before.
+
+Call numbers in graph mode: one compiled ``construct`` serves every call of a cell, so a
+probe's key cannot say which call it belongs to. A third op (``call_op``, ``side_effect_io``
+so two calls are never merged) runs first in each call and returns the call's number from
+the runtime's counter; the graph probe op takes it as a third input, and its ``bprop``
+receives the same value, so a gradient is recorded under the call that produced it even
+when gradients do not flow in reverse call order (Qwen3's rotary cell applied to query,
+then key, whose backward runs in data order: issue 13).
+
 Execution is asynchronous in graph mode, so the session synchronises before marking a
 step complete.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+import dataclasses
+from typing import Callable, Dict, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -64,52 +75,22 @@ def _owned(data) -> np.ndarray:
     return np.array(array, copy=True)
 
 
-def _same_shape(x_shape, key_shape):
+def _same_shape(x_shape, *key_shapes):
     return x_shape
 
 
-def _same_dtype(x_dtype, key_dtype):
+def _same_dtype(x_dtype, *key_dtypes):
     return x_dtype
 
 
 class HostBackend(CaptureBackend):
-    """Captures through identity pyfunc ops; both faces share the two ops."""
+    """Captures through identity pyfunc ops; both faces share the probe ops."""
 
     name = "host"
 
     def __init__(self, context: BackendContext):
         super().__init__(context)
-        forward_enabled, backward_enabled = self.config.captures_forward, self.config.captures_backward
-
-        def forward_body(x, key):
-            if forward_enabled:
-                self._emit(x, key, FORWARD)
-            return x
-
-        def backward_body(dout, key):
-            self._emit(dout, key, BACKWARD)
-            return dout
-
-        grad_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
-        zeros_like = ops.zeros_like
-
-        if backward_enabled:
-            def bprop(x, key, out, dout):
-                return (grad_op(dout, key), zeros_like(key))
-        else:
-            def bprop(x, key, out, dout):
-                return (dout, zeros_like(key))
-
-        self.probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
-                                   func_type="pyfunc", bprop=bprop)
-        # side_effect_io: in graph mode a pure probe is dropped when its output is unused later
-        # (FreqsMgr's swap mask in LLaMA, Qwen3's labels) and merged with another call's probe
-        # when both see the same tensor under the same key (a cell called twice on one tensor).
-        self.probe_op.add_prim_attr("side_effect_io", True)
-        # Non-constant scalars (graph mode): the op's output is unused, so only side_effect_io keeps it.
-        self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
-                                   func_type="pyfunc")
-        self.value_op.add_prim_attr("side_effect_io", True)
+        self._make_probe_ops(self.config.captures_forward, self.config.captures_backward)
 
         def record_body(x, key):
             self._emit(x, key, BACKWARD)
@@ -121,6 +102,46 @@ class HostBackend(CaptureBackend):
         # Graph-mode constant values, filled at compile time: note id -> (cell id, leaves).
         self.constants: Dict[int, tuple] = {}
         self._constant_notes: Dict[tuple, int] = {}
+
+    def _make_probe_ops(self, forward_enabled: bool, backward_enabled: bool) -> None:
+        """The call counter (graph mode), and the probes ``(x, key, call)``: ``call`` is the counter's
+        output in graph mode, a constant -1 in PyNative (where the key holds the call number)."""
+        runtime = self.context.runtime
+
+        def call_body(cell):
+            number = runtime.next_call(int(np.asarray(cell).reshape(-1)[0])) if runtime.active else UNKNOWN_CALL
+            return np.full(np.shape(cell), number, np.int32)
+
+        self.call_op = ops.Custom(call_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        self.call_op.add_prim_attr("side_effect_io", True)  # never merged with another call's, never dropped
+
+        def forward_body(x, key, call):
+            if forward_enabled:
+                self._emit(x, key, FORWARD, call)
+            return x
+
+        def backward_body(dout, key, call):
+            self._emit(dout, key, BACKWARD, call)
+            return dout
+
+        grad_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        zeros_like = ops.zeros_like
+        if backward_enabled:
+            def bprop(x, key, call, out, dout):
+                return (grad_op(dout, key, call), zeros_like(key), zeros_like(call))
+        else:
+            def bprop(x, key, call, out, dout):
+                return (dout, zeros_like(key), zeros_like(call))
+
+        self.probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                   func_type="pyfunc", bprop=bprop)
+        # side_effect_io: in graph mode a pure probe is dropped when its output is unused later
+        # (FreqsMgr's swap mask in LLaMA, Qwen3's labels) and merged with another call's probe
+        # when both see the same tensor under the same key (a cell called twice on one tensor).
+        self.probe_op.add_prim_attr("side_effect_io", True)
+        # Non-constant scalars: the op's output is unused, so only side_effect_io keeps it.
+        self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        self.value_op.add_prim_attr("side_effect_io", True)
 
     def note_constants(self, cell_id: int, leaves) -> int:
         """Compile time: keep the recordable constants of one call site; their note id (0: none)."""
@@ -135,16 +156,21 @@ class HostBackend(CaptureBackend):
             self.constants[note] = (cell_id, recorded)
         return note
 
-    def _emit(self, data, key, direction: str) -> None:
-        """Runs inside a capture op: write the value of the running step, if it is captured."""
+    def _emit(self, data, key, direction: str, call=None) -> None:
+        """Runs inside a capture op: write the value of the running step, if it is captured.
+        ``call``: the call number a graph-mode call op handed over (negative: not counted)."""
         runtime = self.context.runtime
         if not runtime.active:
             return
         codes = np.asarray(key).reshape(-1).tolist()
         probe = ProbeKey.from_codes(codes[2:], direction)
+        if call is not None:
+            number = int(np.asarray(call).reshape(-1)[0])
+            if number >= 0:
+                probe = dataclasses.replace(probe, call=number)
         sink = self.context.sink
         if codes[1] and direction == FORWARD:
-            self._emit_constants(sink, codes[1])
+            self._emit_constants(sink, codes[1], probe.call)
         if probe.kind != KIND_TENSOR:
             sink.value(probe, scalar_of_kind(probe.kind, data))
             return
@@ -159,10 +185,10 @@ class HostBackend(CaptureBackend):
         else:
             sink.statistics_of(probe, mindspore_dtype_name(dtype), array, self.config.statistics)
 
-    def _emit_constants(self, sink, note: int) -> None:
+    def _emit_constants(self, sink, note: int, call: Optional[int]) -> None:
         cell_id, recorded = self.constants[note]
         for slot, path, kind, value in recorded:
-            sink.value(ProbeKey(cell_id, FORWARD, slot, kind, path, None), value)
+            sink.value(ProbeKey(cell_id, FORWARD, slot, kind, path, call), value)
 
     def pynative(self) -> PyNativeFace:
         return HostPyNative(self)
@@ -174,12 +200,13 @@ class HostBackend(CaptureBackend):
 class HostPyNative(PyNativeFace):
     def __init__(self, backend: HostBackend):
         self.backend = backend
+        self._no_call = Tensor((UNKNOWN_CALL,), ms.int32)  # the key itself holds the call number
 
     def forward(self, value, key: ProbeKey, mode: str):
         backend = self.backend
         if isinstance(value, Tensor):
             codes = Tensor(_dtype_code(value.dtype) + (0,) + key.to_codes(), dtype=ms.int32)
-            return backend.probe_op(value, codes)
+            return backend.probe_op(value, codes, self._no_call)
         kind = kind_of_value(value)
         if kind is not None and backend.config.captures_forward:
             backend.context.sink.value(key.with_kind(kind), value)
@@ -193,6 +220,14 @@ class HostGraph(GraphFace):
     def __init__(self, backend: HostBackend):
         self.backend = backend
 
+    def call_function(self) -> Callable:
+        call_op, int32 = self.backend.call_op, ms.int32
+
+        def call_number(cell_id):
+            return call_op(Tensor((cell_id,), int32))
+
+        return call_number
+
     def probe_function(self) -> Callable:
         probe_op, value_op = self.backend.probe_op, self.backend.value_op
         forward_enabled = self.backend.config.captures_forward
@@ -200,16 +235,17 @@ class HostGraph(GraphFace):
         key_codes = _make_graph_key_codes()
         bool_code, int_code, float_code = KIND_CODES[KIND_BOOL], KIND_CODES[KIND_INT], KIND_CODES[KIND_FLOAT]
 
-        def graph_probe(value, head, path, use_in, note):
+        def graph_probe(value, head, path, use_in, note, call):
             if isinstance(value, Tensor):
-                return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32))
+                return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32), call)
             if forward_enabled:  # a variable scalar; constants come through notes
                 if isinstance(value, bool):
-                    value_op(Tensor(value, bool_), Tensor(key_codes(head, bool_code, path, None, 0), int32))
+                    value_op(Tensor(value, bool_), Tensor(key_codes(head, bool_code, path, None, 0), int32), call)
                 elif isinstance(value, int):
-                    value_op(Tensor(value, int64), Tensor(key_codes(head, int_code, path, None, 0), int32))
+                    value_op(Tensor(value, int64), Tensor(key_codes(head, int_code, path, None, 0), int32), call)
                 elif isinstance(value, float):
-                    value_op(Tensor(value, float32), Tensor(key_codes(head, float_code, path, None, 0), int32))
+                    value_op(Tensor(value, float32), Tensor(key_codes(head, float_code, path, None, 0), int32),
+                             call)
             return value
 
         return graph_probe

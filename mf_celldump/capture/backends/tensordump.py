@@ -235,7 +235,7 @@ class TensorDumpGraph(GraphFace):
         sep = self.backend.stem_separator
         graph_path = _make_graph_path()
 
-        def graph_probe(value, head, path, use_in, note):
+        def graph_probe(value, head, path, use_in, note, call):  # TensorDump file order gives the call
             if isinstance(value, Tensor):
                 if backward_enabled:
                     # A forward "in" dump pairs with a gradient "out" hook: MindSpore's parallel pass
