@@ -95,8 +95,9 @@ class Top(nn.Cell):
 
     def construct(self, ids):
         # The casts are what lets the declared dtypes through the first inference (MindFormers'
-        # LanguageModelEmbedding casts its embedding to the compute dtype the same way). A chain:
-        # a tensor used by two captured cells would change the graph's gradient sums (see the test).
+        # LanguageModelEmbedding casts its embedding to the compute dtype the same way). A chain: with
+        # backward capture, a tensor used by two captured cells changed the last bit of its gradient
+        # in graph mode (a different summation order; a separate finding, not a Morph one).
         h = self.dense(ops.cast(self.lookup(ids), ms.float32))
         return ops.cast(self.energy(ops.cast(self.square(h), ms.float32)), ms.float32)
 
