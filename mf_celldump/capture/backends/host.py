@@ -30,7 +30,8 @@ step complete.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Optional, Tuple
+import logging
+from typing import Callable, Dict, Optional, Set, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -54,6 +55,8 @@ from mf_celldump.rawformat.keys import (
     scalar_of_kind,
 )
 
+logger = logging.getLogger(__name__)
+
 # Dtype codes carried in host-op keys (0-d tensors reach a pyfunc as Python scalars,
 # so the dtype cannot be read back from the value).
 _DTYPE_NAMES = dtype_names()
@@ -73,6 +76,33 @@ def _owned(data) -> np.ndarray:
     if array.base is None and array.flags.owndata:
         return array
     return np.array(array, copy=True)
+
+
+# Kinds of numpy-style dtype names (by prefix) and of numpy dtypes: bool, integer, float, complex.
+_NAME_KINDS = (("bool", "b"), ("int", "i"), ("uint", "i"), ("float", "f"), ("bfloat", "f"), ("complex", "c"))
+_NUMPY_KINDS = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
+
+
+def _as_computed(data, declared: Optional[str]):
+    """``(array, dtype name)`` of the value a capture op received, as the op computed it.
+
+    The declared dtype (the op key's, a compile-time constant) comes from the compiler's first
+    inference. For a ``Morph`` that is the user's infer_dtype, and the graph is re-inferred only
+    after the ``Morph`` is expanded (docs/capture.md): MindFormers declares int32 for a float32
+    embedding. An array arrives with the dtype it was computed in, so that is the truth; a 0-d
+    tensor arrives as a Python scalar and only the declared dtype gives its width, used when it is
+    of the scalar's kind. Otherwise the name is None and the array keeps the value exactly
+    (float64, int64, bool).
+    """
+    array = _owned(data)
+    if isinstance(data, np.ndarray) or not declared:
+        return array, array.dtype.name
+    kind = next((k for prefix, k in _NAME_KINDS if declared.startswith(prefix)), None)
+    if kind != _NUMPY_KINDS.get(array.dtype.kind):
+        return array, None
+    if declared != "bfloat16":
+        array = array.astype(declared)
+    return array, declared
 
 
 def _same_shape(x_shape, *key_shapes):
@@ -102,6 +132,7 @@ class HostBackend(CaptureBackend):
         # Graph-mode constant values, filled at compile time: note id -> (cell id, leaves).
         self.constants: Dict[int, tuple] = {}
         self._constant_notes: Dict[tuple, int] = {}
+        self._width_warned: Set[tuple] = set()
 
     def _make_probe_ops(self, forward_enabled: bool, backward_enabled: bool) -> None:
         """The call counter (graph mode), and the probes ``(x, key, call)``: ``call`` is the counter's
@@ -174,16 +205,27 @@ class HostBackend(CaptureBackend):
         if probe.kind != KIND_TENSOR:
             sink.value(probe, scalar_of_kind(probe.kind, data))
             return
-        dtype = _DTYPE_NAMES[codes[0]] if 0 <= codes[0] < len(_DTYPE_NAMES) else None
-        array = _owned(data)
-        if dtype and dtype != "bfloat16" and array.dtype.name != dtype:
-            array = array.astype(dtype)  # a 0-d tensor arrives as a Python scalar
-        dtype = dtype or array.dtype.name
+        declared = _DTYPE_NAMES[codes[0]] if 0 <= codes[0] < len(_DTYPE_NAMES) else None
+        array, dtype = _as_computed(data, declared)
+        if dtype is None:
+            dtype = array.dtype.name
+            self._warn_width_unknown(probe, declared, dtype)
         # The writer's thread saves the array or computes its statistics; the op returns at once.
         if self.config.task == "tensor":
             sink.tensor(probe, array, dtype)
         else:
             sink.statistics_of(probe, mindspore_dtype_name(dtype), array, self.config.statistics)
+
+    def _warn_width_unknown(self, probe: ProbeKey, declared: str, recorded: str) -> None:
+        """Once per probe: a 0-d value whose declared dtype is not of its kind (see ``_as_computed``)."""
+        where = (probe.cell_id, probe.direction, probe.slot, probe.path)
+        if where in self._width_warned:
+            return
+        self._width_warned.add(where)
+        logger.warning("cell id %d (manifest.json names it), %s %s%s: the compiler declared %s for this 0-d "
+                       "tensor but it computed a value of another kind (a Morph's infer_dtype?); recorded "
+                       "exactly as %s, the tensor's own width is unknown", probe.cell_id, probe.direction,
+                       probe.slot, list(probe.path), declared, recorded)
 
     def _emit_constants(self, sink, note: int, call: Optional[int]) -> None:
         cell_id, recorded = self.constants[note]
