@@ -2,7 +2,8 @@
 
     python tests/mcore_models.py train [--initial-weights F] [--ascend-named-tensordump] -- <runner args>
     python tests/mcore_models.py check --model qwen3 --dump DIR --weights F --out RESULT.json
-    python tests/mcore_models.py numerics --model qwen3 --mode pynative --task tensor
+    python tests/mcore_models.py numerics --model qwen3 --mode pynative --task tensor \
+        [--data-mode forward] [--exclude-class FusedRMSNorm]
 
 The models are the YAMLs of ``examples/`` (``tiny_qwen3.yaml``, ``tiny_deepseek3.yaml``: fp32,
 dropout 0, 2 layers of width 64, vocab 128, seq 16, batch 2) trained through
@@ -188,12 +189,15 @@ def numerics(argv: List[str]) -> int:
     parser.add_argument("--mode", choices=("pynative", "graph"), required=True)
     parser.add_argument("--task", choices=("tensor", "statistics"), required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--data-mode", default="all")
+    parser.add_argument("--exclude-class", action="append", default=[])
     args = parser.parse_args(argv)
     os.environ.setdefault("LOCAL_DEFAULT_PATH", os.path.abspath("mf_output"))
     import mf_celldump
 
     plain, captured = twin_train_cells(args.model, args.mode)
-    dump = mf_celldump.attach(captured, {"dump_path": os.path.abspath("dump"), "task": args.task, "data_mode": "all"})
+    dump = mf_celldump.attach(captured, {"dump_path": os.path.abspath("dump"), "task": args.task,
+                                         "data_mode": args.data_mode, "exclude_classes": args.exclude_class})
     losses = []
     for step, batch in enumerate(token_batches(args.steps, 2, 16, 128)):
         loss_plain = float(plain(*batch).asnumpy())
