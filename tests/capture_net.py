@@ -5,6 +5,8 @@
   keyword-only float;
 - ``shared`` is called twice per step;
 - ``layers`` is a CellList.
+``TwoHeads`` applies one cell to two independent tensors (graph mode schedules their
+gradients in call order, not reverse).
 Weights are deterministic so runs can be compared bit for bit.
 """
 
@@ -55,6 +57,42 @@ class Net(nn.Cell):
         for layer in self.layers:
             h = layer(h)
         return (h * h).mean()
+
+
+class Rotate(nn.Cell):
+    """Parameter-free, called on two independent tensors (as Qwen3's rotary cell on query, then key)."""
+
+    def construct(self, x):
+        return x * 2.0 + 1.0
+
+
+def attention(q, k):
+    return ops.matmul(ops.softmax(ops.matmul(q, k.transpose(0, 2, 1)), -1), k).sum()
+
+
+class TwoHeads(nn.Cell):
+    """Grouped-query attention in miniature: 2 query heads, 1 key head. Graph mode runs the backward of
+    ``rotate(k)`` (key used twice) before that of ``rotate(q)``: not in reverse call order."""
+
+    def __init__(self):
+        super().__init__()
+        self.wq = nn.Dense(4, 4)
+        self.wk = nn.Dense(4, 2)
+        self.rotate = Rotate()
+
+    def construct(self, x):
+        q = self.rotate(self.wq(x).reshape(2, 2, 2))
+        k = self.rotate(self.wk(x).reshape(2, 1, 2))
+        return attention(q, k)
+
+
+def make_two_heads():
+    """A TwoHeads with fixed weights."""
+    net = TwoHeads()
+    for index, param in enumerate(net.trainable_params()):
+        param.set_data(Tensor(np.random.RandomState(100 + index).randn(*param.shape).astype(np.float32) * 0.5))
+    return net
+
 
 
 def make_net(weights=None):

@@ -437,3 +437,33 @@ def test_without_processing_the_run_still_waits_for_mindspore_to_finish(tmp_path
     assert summary.problems == [] and _step_folders(str(tmp_path)) == []
     assert _raw_step_folders(str(tmp_path)) == ["step0", "step1"]
     assert "process_on_train_end is false" in summary.text()
+
+
+@pytest.mark.parametrize("backend,task", [("tensordump", "tensor"), ("kbk_statistics", "statistics")])
+def test_a_cell_applied_to_independent_tensors_pairs_backward_with_forward(tmp_path, backend, task):
+    """TensorDump names are fixed at compile time (call ``x``): processing numbers forward calls in execution
+    order (here the key's first) and backward.k must still be forward.k's gradient, whatever order graph mode
+    runs them in (tests/test_processing.py covers gradients in call order, paired by shape)."""
+    emulator = AscendEmulator()
+    try:
+        _, summary = _run(tmp_path / "graph", {"task": task, "backend": backend, "steps": "0"}, emulator,
+                          steps=1, net_factory=cn.make_two_heads)
+    finally:
+        emulator.close()
+    assert summary.problems == [], summary.text()
+    _run(tmp_path / "pynative", {"task": "tensor", "backend": "tensordump", "steps": "0"}, steps=1,
+         net_factory=cn.make_two_heads)
+    got, _ = _output(str(tmp_path / "graph"), 0)
+    want, _ = _output(str(tmp_path / "pynative"), 0)  # PyNative: call 0 is the query's (program order)
+    seen = set()
+    for k in range(2):
+        heads = got[(f"Cell.rotate.Rotate.forward.{k}", "output", 0)]["shape"][1]
+        pynative_call = {2: 0, 1: 1}[heads]
+        seen.add(pynative_call)
+        for direction, io in (("forward", "output"), ("backward", "input"), ("backward", "output")):
+            mine = got[(f"Cell.rotate.Rotate.{direction}.{k}", io, 0)]
+            theirs = want[(f"Cell.rotate.Rotate.{direction}.{pynative_call}", io, 0)]
+            assert mine["shape"] == theirs["shape"] == [2, heads, 2], (direction, io, k)
+            for stat in ("Max", "Min", "Mean", "Norm"):
+                assert mine[stat] == pytest.approx(theirs[stat], rel=1e-5, abs=1e-6), (direction, io, k, stat)
+    assert seen == {0, 1}

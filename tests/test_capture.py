@@ -12,7 +12,7 @@ import zlib
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 import mf_celldump
 from mf_celldump.capture.session import AttachError, find_attached
@@ -450,38 +450,11 @@ def test_a_step_that_raises_is_left_raw_and_unfinished(tmp_path):
     assert [f for f in os.listdir(steps[1]) if f.endswith(".npy")]
 
 
-class Rotate(nn.Cell):
-    """Parameter-free, called on two independent tensors (as Qwen3's rotary cell on query, then key)."""
-
-    def construct(self, x):
-        return x * 2.0 + 1.0
-
-
-def _attention(q, k):
-    return ops.matmul(ops.softmax(ops.matmul(q, k.transpose(0, 2, 1)), -1), k).sum()
-
-
-class TwoHeads(nn.Cell):
-    """Grouped-query attention in miniature: 2 query heads, 1 key head. Graph mode runs the backward of
-    ``rotate(k)`` (key used twice) before that of ``rotate(q)``: not in reverse call order."""
-
-    def __init__(self):
-        super().__init__()
-        self.wq = nn.Dense(4, 4)
-        self.wk = nn.Dense(4, 2)
-        self.rotate = Rotate()
-
-    def construct(self, x):
-        q = self.rotate(self.wq(x).reshape(2, 2, 2))
-        k = self.rotate(self.wk(x).reshape(2, 1, 2))
-        return _attention(q, k)
-
-
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_backward_call_k_is_the_gradient_of_forward_call_k(tmp_path, mode):
     """Only the call number the running graph hands to each probe pairs backward.k with forward.k here."""
     cn.set_mode(mode)
-    train = cn.train_one_step_cell(TwoHeads())
+    train = cn.train_one_step_cell(cn.make_two_heads())
     dump = mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "tensor", "data_mode": "all"})
     with dump.step(0):
         train(cn.make_input())
@@ -491,7 +464,7 @@ def test_backward_call_k_is_the_gradient_of_forward_call_k(tmp_path, mode):
     q, k = (records[("rotate", "forward", "o", (0,), call)] for call in (0, 1))
     assert (q.shape, k.shape) == ((2, 2, 2), (2, 1, 2))
     cn.set_mode("pynative")
-    expected = ms.grad(_attention, grad_position=(0, 1))(Tensor(q), Tensor(k))
+    expected = ms.grad(cn.attention, grad_position=(0, 1))(Tensor(q), Tensor(k))
     for call, gradient in enumerate(expected):
         np.testing.assert_allclose(records[("rotate", "backward", "o", (0,), call)], gradient.asnumpy(), rtol=1e-6)
         np.testing.assert_allclose(records[("rotate", "backward", "a", (0,), call)], 2 * gradient.asnumpy(),

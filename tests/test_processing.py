@@ -448,3 +448,30 @@ def test_pool_gives_same_result_as_single_process(tmp_path):
             outputs.append(handle.read().replace(dump, "DUMP"))
     assert outputs[0] == outputs[1]
     assert json.loads(outputs[0])["data"]["Cell.m.layers.7.L.forward.4"]["input_args"][0]["shape"] == [8]
+
+
+@pytest.mark.parametrize("gqa", [True, False])
+def test_call_inference_pairs_gradients_by_shape(dump, gqa):
+    """A cell applied to two independent tensors (Qwen3's rotary on query, then key) whose gradients arrive
+    in call order, not reverse: with different shapes each gradient goes to the call of its shape; with
+    equal shapes nothing tells the calls apart and the reverse-order rule stands."""
+    b = RawDumpBuilder(dump)
+    rotary = b.cell("rotary", "Rotary", ("x",))
+    b.write_manifest()
+    s = b.step(0)
+    shapes = [(2, 4, 8), (2, 2, 8)] if gqa else [(2, 4, 8), (2, 4, 8)]
+    for k, shape in enumerate(shapes):
+        s.tensor(rotary, F, A, (0,), np.full(shape, 10.0 + k, np.float32))
+        s.tensor(rotary, F, OUT, (0,), np.full(shape, 20.0 + k, np.float32))
+    for k, shape in enumerate(shapes):  # gradients in call order
+        s.tensor(rotary, B, OUT, (0,), np.full(shape, 30.0 + k, np.float32))
+        s.tensor(rotary, B, A, (0,), np.full(shape, 40.0 + k, np.float32))
+    s.done(0)
+    assert process_dump(dump, jobs=1).ok
+    data = read_output(dump, 0)["dump"]["data"]
+    for k in range(2):
+        grad_of = k if gqa else 1 - k  # equal shapes: the k-th gradient counted from the end is call k
+        backward, forward = data[f"Cell.rotary.Rotary.backward.{k}"], data[f"Cell.rotary.Rotary.forward.{k}"]
+        assert backward["input_args"][0]["Max"] == 30.0 + grad_of
+        assert backward["output"][0]["Max"] == 40.0 + grad_of
+        assert backward["input_args"][0]["shape"] == forward["output"][0]["shape"]

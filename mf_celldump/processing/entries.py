@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump import naming
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import SLOT_WEIGHT, SLOT_WEIGHT_GRAD
 from mf_celldump.rawformat.manifest import CellRecord
+
+ShapeOf = Callable[[Capture], Optional[Tuple[int, ...]]]  # a capture's shape, None when unreadable
 
 
 @dataclass
@@ -43,13 +45,16 @@ def _entry_name(cell: CellRecord, kind: str, call: int) -> str:
     return naming.entry_name(cell.name, cell.class_name, kind, call)
 
 
-def assign_calls(captures: List[Capture]) -> None:
+def assign_calls(captures: List[Capture], shape_of: Optional[ShapeOf] = None) -> None:
     """Number calls where the raw name says ``nx`` (docs/raw-format.md, "Call index inference").
 
     Per probe (cell, direction, slot, path): forward, the k-th occurrence in execution
     order is call k; backward, the k-th counted from the end is call k, so that
-    ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order. A weight
-    gradient (slot ``g``) counts in order, as msprobe numbers ``parameters_grad``.
+    ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order. Where the
+    forward calls' shapes differ and ``shape_of`` can read them, a gradient goes to the
+    call whose value has its shape instead (a cell applied to independent tensors, whose
+    gradients are not scheduled in reverse order). A weight gradient (slot ``g``) counts
+    in order, as msprobe numbers ``parameters_grad``.
     """
     unknown: Dict[tuple, List[Capture]] = {}
     for capture in captures:
@@ -61,8 +66,31 @@ def assign_calls(captures: List[Capture]) -> None:
         group.sort(key=lambda c: c.sort_key)
         if probe[1] == naming.BACKWARD and probe[2] != SLOT_WEIGHT_GRAD:
             group.reverse()
+            forward = unknown.get((probe[0], naming.FORWARD, probe[2], probe[3]))
+            if shape_of is not None and forward is not None and len(group) > 1:
+                group = _paired_by_shape(group, sorted(forward, key=lambda c: c.sort_key), shape_of)
         for call, capture in enumerate(group):
             capture.call = call
+
+
+def _paired_by_shape(backward: List[Capture], forward: List[Capture], shape_of: ShapeOf) -> List[Capture]:
+    """``backward`` reordered so that the k-th holds a gradient of forward call k's shape; the
+    reverse-order guess is kept among equal shapes, and whole when shapes cannot tell calls apart."""
+    if len(forward) != len(backward):
+        return backward
+    forward_shapes = [shape_of(c) for c in forward]
+    if None in forward_shapes or len(set(forward_shapes)) == 1:
+        return backward
+    by_call: List[Optional[Capture]] = [None] * len(forward)
+    free = list(range(len(forward)))
+    for capture in backward:
+        shape = shape_of(capture)
+        call = next((k for k in free if shape is not None and forward_shapes[k] == shape), None)
+        if call is None:
+            return backward
+        free.remove(call)
+        by_call[call] = capture
+    return by_call
 
 
 def group_entries(captures: List[Capture], cells: Dict[int, CellRecord], problems: List[str]) -> List[Entry]:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import fsutil, naming
-from mf_celldump.processing import msprobe_json, raw_cleanup, space
-from mf_celldump.processing.entries import Entry, assign_calls, group_entries, link_parents
+from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
+from mf_celldump.processing.entries import Entry, ShapeOf, assign_calls, group_entries, link_parents
+from mf_celldump.processing.errors import NpyReadError
 from mf_celldump.processing.existing_output import foreign_in_output, is_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
 from mf_celldump.processing.observer import ProcessingObserver
@@ -88,9 +89,28 @@ def _covered_by(marker: dict, source: StepSource, inputs: _Inputs) -> bool:
     return all(consumed.get(rel) == size for rel, size in inputs.kbk_sizes.items())
 
 
-def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str]) -> List[Entry]:
+def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tuple[int, int], int]) -> ShapeOf:
+    """A capture's shape: known for records and csv rows, else read from its ``.npy`` header (the few
+    files call pairing asks for); None when the file cannot be read (its task reports why)."""
+    def shape_of(capture: Capture) -> Optional[Tuple[int, ...]]:
+        if capture.shape is not None:
+            return tuple(capture.shape)
+        if capture.file is None or raw_dir is None:
+            return None
+        path = os.path.join(raw_dir, capture.file)
+        try:
+            with fsutil.open_own_file(path, ctx.root_real, our_links) as handle:
+                return tuple(npystats.read_header(handle, path).shape)
+        except (OSError, ValueError, NpyReadError, fsutil.UnsafePathError):
+            return None
+
+    return shape_of
+
+
+def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str],
+                   shape_of: Optional[ShapeOf] = None) -> List[Entry]:
     """Entries in execution order with parents and data names; duplicates become problems."""
-    assign_calls(captures)
+    assign_calls(captures, shape_of)
     entries = group_entries(captures, ctx.manifest.cells, problems)
     link_parents(entries)
     safe = []
@@ -186,10 +206,13 @@ def _with_twin_links(raw_dir: Optional[str], tasks: List[FileTask],
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
               observer: ProcessingObserver, outcome: StepOutcome) -> None:
     """Steps 1-2: entries, files, JSON in a partial folder, swapped into place."""
-    entries = _build_entries(ctx, inputs.captures, outcome.problems)
     step_out = fsutil.child(ctx.root_real, ctx.root_real, naming.step_dir_name(source.step))
     target = fsutil.child(ctx.root_real, step_out, ctx.out_rank_name)
     retired = fsutil.child(ctx.root_real, step_out, naming.retired_output_dir_name(ctx.out_rank_name))
+    our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
+                                         os.path.join(retired, naming.TENSOR_DIR))
+    entries = _build_entries(ctx, inputs.captures, outcome.problems,
+                             _shape_reader(ctx, source.raw_dir, our_links))
     partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
     fsutil.make_dir(step_out)
     fsutil.remove_tree(partial)
@@ -199,8 +222,6 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         data_dir = None
         if ctx.manifest.task == "tensor":
             data_dir = fsutil.make_dir(os.path.join(partial, naming.TENSOR_DIR))
-        our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
-                                             os.path.join(retired, naming.TENSOR_DIR))
         failed = _read_files(ctx, source, entries, data_dir, runner, observer, outcome, our_links)
         outcome.records = sum(1 for c in inputs.captures if c.file is None)
         space_codes = [code for code in failed.values() if code in space.SPACE_ERRNOS]
