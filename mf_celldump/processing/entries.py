@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import naming
 from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import SLOT_WEIGHT, SLOT_WEIGHT_GRAD
+from mf_celldump.rawformat.keys import KIND_NONE, SLOT_ARG, SLOT_KWARG, SLOT_WEIGHT, SLOT_WEIGHT_GRAD
 from mf_celldump.rawformat.manifest import CellRecord
 
 
@@ -26,11 +26,21 @@ class Entry:
     first: Tuple[int, int]
     captures: List[Capture] = field(default_factory=list)
     parent: Optional[str] = None
-    weights_only: bool = False  # so far only weights (read at step start), which do not place the entry
+    weights_only: bool = False  # so far only weights (read at step start) or gradient gaps: they do not place it
 
     @property
     def is_parameters_grad(self) -> bool:
         return self.direction == naming.PARAMETERS_GRAD
+
+
+def is_gradient_gap(capture: Capture) -> bool:
+    """A backward input slot whose gradient cannot exist (an explicit null, docs/raw-format.md).
+
+    Written when the forward call runs, so, like a weight, it does not place its entry, and
+    an entry holding nothing else (the call had no backward) is dropped.
+    """
+    key = capture.key
+    return key.direction == naming.BACKWARD and key.kind == KIND_NONE and key.slot in (SLOT_ARG, SLOT_KWARG)
 
 
 def _entry_kind(capture: Capture) -> str:
@@ -76,7 +86,7 @@ def group_entries(captures: List[Capture], cells: Dict[int, CellRecord], problem
             continue
         kind = _entry_kind(capture)
         ident = (cell.cell_id, kind, capture.call)
-        weight = capture.key.slot == SLOT_WEIGHT
+        weight = capture.key.slot == SLOT_WEIGHT or is_gradient_gap(capture)
         entry = entries.get(ident)
         if entry is None:
             entry = entries[ident] = Entry(cell, kind, capture.call, _entry_name(cell, kind, capture.call),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Optional
+from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.sink import RawSink
@@ -65,6 +65,16 @@ class PyNativeFace(ABC):
     @abstractmethod
     def backward(self, tensor: Any, key: ProbeKey, mode: str) -> Any:
         """Return ``tensor`` so that its gradient is captured under ``key`` when it flows back."""
+
+    @abstractmethod
+    def backward_inputs(self, tensors: Tuple, keys: Tuple[ProbeKey, ...], modes: Tuple[str, ...]) -> Tuple:
+        """Return the tensor inputs of one call, tied by ONE op, so that the gradient of each is
+        captured under its key when the call's backward runs (also for an input that depends on
+        no parameter, as long as another one of the call does)."""
+
+    @abstractmethod
+    def no_gradient(self, key: ProbeKey, mode: str) -> None:
+        """Record that input ``key`` (a backward key, kind None) can have no gradient: an explicit null."""
 
 
 class GraphFace(ABC):

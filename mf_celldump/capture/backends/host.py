@@ -27,6 +27,7 @@ from mindspore import Tensor, ops
 from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
+from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
 from mf_celldump.dtypes import dtype_names, mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.rawformat.keys import (
     BACKWARD,
@@ -37,6 +38,7 @@ from mf_celldump.rawformat.keys import (
     KIND_FLOAT,
     KIND_INT,
     KIND_TENSOR,
+    SLOT_OUTPUT,
     UNKNOWN_CALL,
     ProbeKey,
     kind_of_value,
@@ -102,6 +104,14 @@ class HostBackend(CaptureBackend):
 
         self.probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                    func_type="pyfunc", bprop=bprop)
+
+        def pass_bprop(x, key, out, dout):
+            return (dout, zeros_like(key))
+
+        # PyNative inputs: their gradients are recorded by the call's one gradient hook
+        # (HostPyNative.backward_inputs), so this op only records the forward value.
+        self.input_probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                         func_type="pyfunc", bprop=pass_bprop)
         # side_effect_io: in graph mode a pure probe is dropped when its output is unused later
         # (FreqsMgr's swap mask in LLaMA, Qwen3's labels) and merged with another call's probe
         # when both see the same tensor under the same key (a cell called twice on one tensor).
@@ -152,7 +162,17 @@ class HostBackend(CaptureBackend):
         array = _owned(data)
         if dtype and dtype != "bfloat16" and array.dtype.name != dtype:
             array = array.astype(dtype)  # a 0-d tensor arrives as a Python scalar
-        dtype = dtype or array.dtype.name
+        self._emit_array(sink, probe, array, dtype or array.dtype.name)
+
+    def emit_gradient(self, gradient, probe: ProbeKey, mode: str = "out") -> None:
+        """PyNative: a gradient Tensor handed over by the call's gradient hook, written like ``_emit``'s."""
+        if not self.context.runtime.active:
+            return
+        dtype = numpy_dtype_name(str(gradient.dtype))
+        host = gradient.astype(ms.float32) if gradient.dtype == ms.bfloat16 else gradient
+        self._emit_array(self.context.sink, probe, _owned(host.asnumpy()), dtype)
+
+    def _emit_array(self, sink, probe: ProbeKey, array: np.ndarray, dtype: str) -> None:
         # The writer's thread saves the array or computes its statistics; the op returns at once.
         if self.config.task == "tensor":
             sink.tensor(probe, array, dtype)
@@ -174,12 +194,14 @@ class HostBackend(CaptureBackend):
 class HostPyNative(PyNativeFace):
     def __init__(self, backend: HostBackend):
         self.backend = backend
+        self.gradient_hooks = GradientHookCache(backend.context.runtime, backend.emit_gradient)
 
     def forward(self, value, key: ProbeKey, mode: str):
         backend = self.backend
         if isinstance(value, Tensor):
             codes = Tensor(_dtype_code(value.dtype) + (0,) + key.to_codes(), dtype=ms.int32)
-            return backend.probe_op(value, codes)
+            op = backend.probe_op if key.slot == SLOT_OUTPUT else backend.input_probe_op
+            return op(value, codes)
         kind = kind_of_value(value)
         if kind is not None and backend.config.captures_forward:
             backend.context.sink.value(key.with_kind(kind), value)
@@ -187,6 +209,13 @@ class HostPyNative(PyNativeFace):
 
     def backward(self, tensor, key: ProbeKey, mode: str):
         return tensor  # the probe op inserted by forward() records the gradient in its bprop
+
+    def backward_inputs(self, tensors, keys, modes):
+        return self.gradient_hooks.apply_many(tensors, keys, modes)
+
+    def no_gradient(self, key: ProbeKey, mode: str) -> None:
+        if self.backend.context.runtime.active:
+            self.backend.context.sink.value(key, None)
 
 
 class HostGraph(GraphFace):

@@ -32,7 +32,7 @@ from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
-from mf_celldump.rawformat.keys import BACKWARD, CODE_SLOTS, FORWARD, KIND_TENSOR, ProbeKey, kind_of_value
+from mf_celldump.rawformat.keys import BACKWARD, CODE_SLOTS, FORWARD, KIND_NONE, KIND_TENSOR, ProbeKey, kind_of_value
 from mf_celldump.rawformat.manifest import COMPLETION_TENSORDUMP, NUMBERING_GLOBAL, NUMBERING_GRAPH
 from mf_celldump.rawformat.names import raw_stem, td_done_stem
 
@@ -216,6 +216,17 @@ class TensorDumpPyNative(PyNativeFace):
         hooked = self.gradient_hooks.apply(tensor, key, mode)
         self.aliases.hooked(tensor, hooked)  # shares a Parameter's memory but is no Parameter
         return hooked
+
+    def backward_inputs(self, tensors, keys, modes):
+        hooked = self.gradient_hooks.apply_many(tensors, keys, modes)
+        for tensor, result in zip(tensors, hooked):
+            self.aliases.hooked(tensor, result)
+        return hooked
+
+    def no_gradient(self, key: ProbeKey, mode: str) -> None:
+        # Travels as a scalar file like the forward non-tensor values; its kind (None) makes it a null.
+        if self.context.runtime.active:
+            self._queue(mode, self._path(key.with_kind(KIND_NONE)), Tensor(0))
 
     def _dump_gradient(self, gradient, key: ProbeKey, mode: str) -> None:
         self._queue(mode, self._path(key), gradient)
