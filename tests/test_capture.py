@@ -70,8 +70,8 @@ def _raw_steps(dump_path, rank=0):
 
 def _gate_gradient_path(mode):
     """``gate(a, 2, gate=b)``: b is the second top-level tensor argument, so msprobe's backward
-    ``output.1`` (PyNative); graph mode still numbers it by argument position (README, known limits)."""
-    return (1,) if mode == "pynative" else (2,)
+    ``output.1``, in both modes."""
+    return (1,)
 
 
 def _expected_keys(mode):

@@ -64,12 +64,13 @@ def assign_calls(captures: List[Capture]) -> None:
     unknown: Dict[tuple, List[Capture]] = {}
     for capture in captures:
         if capture.key.call is None:
-            unknown.setdefault(capture.probe, []).append(capture)
+            unknown.setdefault(capture.probe + (is_gradient_gap(capture),), []).append(capture)
         else:
             capture.call = capture.key.call
     for probe, group in unknown.items():
         group.sort(key=lambda c: c.sort_key)
-        if probe[1] == naming.BACKWARD and probe[2] != SLOT_WEIGHT_GRAD:
+        # A gradient gap is written when its call runs forward: counted in order, like forward captures.
+        if probe[1] == naming.BACKWARD and probe[2] != SLOT_WEIGHT_GRAD and not probe[4]:
             group.reverse()
         for call, capture in enumerate(group):
             capture.call = call

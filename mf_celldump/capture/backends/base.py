@@ -99,6 +99,15 @@ class GraphFace(ABC):
         when this backend records no non-tensor values in graph mode."""
         return None
 
+    def input_gradients_function(self) -> Optional[Callable]:
+        """``for_cell(cell_id) -> (record, no_gradient)``, both graph-parsable: ``record(gradients) ->
+        gradients`` is given to one ``InsertGradientOf`` per cell that ties each call's top-level
+        tensor positional arguments (``graph_wrapper``), ``gradients[i]`` being the one w.r.t. the
+        i-th of them (msprobe's ``backward.output.i``); ``no_gradient(tensors)`` runs in a call whose
+        tensor inputs are all integer and writes a null for each. None: the probes record input
+        gradients one by one."""
+        return None
+
     def gradient_probe_function(self) -> Optional[Callable]:
         """``probe(value, head, path) -> value`` recording a tensor that is itself a gradient (what the
         optimizer receives) as a backward value when it runs; None if the backend cannot."""

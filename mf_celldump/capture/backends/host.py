@@ -2,10 +2,17 @@
 
 Python runs when the op executes, in either mode, so this works wherever MindSpore
 runs pyfunc ops (CPU and GPU, PyNative and graph). The op takes ``(x, key)`` where
-``key`` is a small int32 tensor (dtype code + probe key codes), so one op instance
-serves every probe. Its ``bprop`` passes the incoming gradient through a second
-pyfunc op that records it. The forward op carries ``side_effect_io``, so graph mode neither
-drops a probe whose output goes unused nor merges two calls' probes of one tensor.
+``key`` is a small int32 tensor (dtype code, constants note, tie flag, probe key codes),
+so one op instance serves every probe. Its ``bprop`` passes the incoming gradient through
+a second pyfunc op that records it. The forward op carries ``side_effect_io``, so graph
+mode neither drops a probe whose output goes unused nor merges two calls' probes of one
+tensor.
+
+Gradients of a call's positional inputs are recorded by the call's tie instead (one
+``InsertGradientOf`` over the tuple of its top-level tensor arguments: graph_wrapper in
+graph mode, with keys carrying tie flag 1; ``GradientHookCache.apply_many`` in PyNative),
+under their rank among those arguments, as msprobe numbers ``backward.output.i``; the
+probes of those inputs record forward values only.
 
 Non-tensor values in graph mode: a constant (``None``, a Python int or flag) is noted at
 compile time in a table of this backend, and the call's first tensor probe carries the
@@ -19,7 +26,7 @@ step complete.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -37,7 +44,10 @@ from mf_celldump.rawformat.keys import (
     KIND_CODES,
     KIND_FLOAT,
     KIND_INT,
+    KIND_NONE,
     KIND_TENSOR,
+    SLOT_ARG,
+    SLOT_CODES,
     SLOT_OUTPUT,
     UNKNOWN_CALL,
     ProbeKey,
@@ -93,6 +103,10 @@ class HostBackend(CaptureBackend):
             return dout
 
         grad_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        # Graph mode: the gradient of an input that depends on no parameter (recorded by the call's tie,
+        # graph_wrapper) goes nowhere after this op; side_effect_io keeps it from being dropped.
+        grad_op.add_prim_attr("side_effect_io", True)
+        self.grad_op = grad_op
         zeros_like = ops.zeros_like
 
         if backward_enabled:
@@ -125,6 +139,11 @@ class HostBackend(CaptureBackend):
             self._emit(x, key, BACKWARD)
             return x
 
+        # Graph mode: a call whose tensor inputs are all integer writes a null per input (backward, kind
+        # None) when it runs forward; nothing uses the op's output, so only side_effect_io keeps it.
+        self.null_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        self.null_op.add_prim_attr("side_effect_io", True)
+
         # Gradients the optimizer receives (parameters_grad): recorded when the op runs, never differentiated.
         self.record_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
 
@@ -151,7 +170,9 @@ class HostBackend(CaptureBackend):
         if not runtime.active:
             return
         codes = np.asarray(key).reshape(-1).tolist()
-        probe = ProbeKey.from_codes(codes[2:], direction)
+        probe = ProbeKey.from_codes(codes[3:], direction)
+        if direction == BACKWARD and probe.slot == SLOT_ARG and not codes[2]:
+            return  # graph mode: a positional input's gradient is recorded by the call's tie (codes[2] set)
         sink = self.context.sink
         if codes[1] and direction == FORWARD:
             self._emit_constants(sink, codes[1])
@@ -199,7 +220,7 @@ class HostPyNative(PyNativeFace):
     def forward(self, value, key: ProbeKey, mode: str):
         backend = self.backend
         if isinstance(value, Tensor):
-            codes = Tensor(_dtype_code(value.dtype) + (0,) + key.to_codes(), dtype=ms.int32)
+            codes = Tensor(_dtype_code(value.dtype) + (0, 0) + key.to_codes(), dtype=ms.int32)
             op = backend.probe_op if key.slot == SLOT_OUTPUT else backend.input_probe_op
             return op(value, codes)
         kind = kind_of_value(value)
@@ -253,6 +274,38 @@ class HostGraph(GraphFace):
 
         return note_constants
 
+    def input_gradients_function(self) -> Optional[Callable]:
+        if not self.backend.config.captures_backward:
+            return None
+        grad_op, null_op, int32, arg_code = self.backend.grad_op, self.backend.null_op, ms.int32, SLOT_CODES[SLOT_ARG]
+        none_code = KIND_CODES[KIND_NONE]
+        key_codes = _make_graph_key_codes()
+
+        def for_cell(cell_id):
+            head = (cell_id, arg_code)
+
+            def record_all(gradients, rank):
+                if not gradients:
+                    return ()
+                gradient = gradients[0]
+                key = Tensor(key_codes(head, 0, (rank,), gradient.dtype, 0, 1), int32)
+                return (grad_op(gradient, key),) + record_all(gradients[1:], rank + 1)
+
+            def on_gradients(gradients):
+                return record_all(gradients, 0)
+
+            def no_gradient(tensors, rank):
+                if tensors:
+                    null_op(Tensor(0, int32), Tensor(key_codes(head, none_code, (rank,), None, 0, 1), int32))
+                    no_gradient(tensors[1:], rank + 1)
+
+            def on_no_gradient(tensors):
+                no_gradient(tensors, 0)
+
+            return on_gradients, on_no_gradient
+
+        return for_cell
+
     def gradient_probe_function(self) -> Callable:
         record_op, int32 = self.backend.record_op, ms.int32
         key_codes = _make_graph_key_codes()
@@ -265,9 +318,9 @@ class HostGraph(GraphFace):
 
 def _make_graph_key_codes():
     @constexpr
-    def graph_key_codes(head, kind_code, path, ms_dtype, note):
+    def graph_key_codes(head, kind_code, path, ms_dtype, note, tied=0):
         # Runs in Python at graph compile time: everything here is a constant.
         dtype = _dtype_code(ms_dtype) if ms_dtype is not None else (_NO_DTYPE,)
-        return dtype + (note, head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
+        return dtype + (note, tied, head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
 
     return graph_key_codes
