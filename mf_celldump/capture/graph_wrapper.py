@@ -128,7 +128,7 @@ def _input_gradients(capture: Callable, after: Callable, extend: Callable, recor
         return (first,) + capture_ranked(items[1:], head, flags, index + 1, after(items[0], note),
                                          next_rank(items[0], rank))
 
-    tie_op = ops.InsertGradientOf(record[0]) if record is not None else None
+    tie_op = ops.InsertGradientOf(record[0]) if record is not None and record[0] is not None else None
     no_gradient = record[1] if record is not None else None
     float_types = tuple(mstype.float_type) + tuple(getattr(mstype, "complex_type", ()))
 
@@ -162,7 +162,7 @@ def _input_gradients(capture: Callable, after: Callable, extend: Callable, recor
         return (values[0],) + put_back(values[1:], tensors)
 
     def tie(values):
-        if tie_op is None:
+        if no_gradient is None:
             return values
         if is_dynamic_length(values):
             return values
@@ -170,7 +170,8 @@ def _input_gradients(capture: Callable, after: Callable, extend: Callable, recor
         if not tensors:
             return values
         if not differentiable(dtypes_of(tensors)):
-            no_gradient(tensors)
+            return put_back(values, no_gradient(tensors))
+        if tie_op is None:
             return values
         return put_back(values, tie_op(tensors))
 

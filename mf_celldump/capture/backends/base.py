@@ -103,9 +103,9 @@ class GraphFace(ABC):
         """``for_cell(cell_id) -> (record, no_gradient)``, both graph-parsable: ``record(gradients) ->
         gradients`` is given to one ``InsertGradientOf`` per cell that ties each call's top-level
         tensor positional arguments (``graph_wrapper``), ``gradients[i]`` being the one w.r.t. the
-        i-th of them (msprobe's ``backward.output.i``); ``no_gradient(tensors)`` runs in a call whose
-        tensor inputs are all integer and writes a null for each. None: the probes record input
-        gradients one by one."""
+        i-th of them (msprobe's ``backward.output.i``); ``no_gradient(tensors) -> tensors`` runs in a
+        call whose tensor inputs are all integer and writes a null for each. ``record`` None: the
+        probes record input gradients one by one; the whole function None: neither."""
         return None
 
     def gradient_probe_function(self) -> Optional[Callable]:

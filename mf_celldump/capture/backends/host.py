@@ -301,6 +301,7 @@ class HostGraph(GraphFace):
 
             def on_no_gradient(tensors):
                 no_gradient(tensors, 0)
+                return tensors
 
             return on_gradients, on_no_gradient
 
