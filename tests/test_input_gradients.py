@@ -114,3 +114,42 @@ def test_training_is_unchanged(tmp_path, mode, backend):
               "backend": backend, "process_on_train_end": False}
     loss, _, dump = _train(mode, config)
     np.testing.assert_array_equal(loss, want)
+
+
+@pytest.mark.parametrize("backend", ["tensordump", "kbk_statistics"])
+def test_ascend_graph_backends_number_as_msprobe_and_write_nulls(tmp_path, caplog, backend):
+    """Ascend graph mode through the CPU emulation (tests/ascend_emulation.py): input gradients go
+    through DumpGradient one by one, numbered as msprobe; a mask that depends on no parameter gets
+    none there (README, known limits: a warning says so); an int-only call gets its explicit null."""
+    from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
+    from mf_celldump.config import DumpConfig
+    from mf_celldump.integrations.run import TrainingRun
+    from tests.ascend_emulation import AscendEmulator
+
+    gn.set_mode("graph")
+    net = gn.make_net()
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+    task = "tensor" if backend == "tensordump" else "statistics"
+    emulator = AscendEmulator()
+    run = TrainingRun(DumpConfig.coerce({"dump_path": str(tmp_path), "task": task, "backend": backend,
+                                         "parameters": False}))
+    try:
+        with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, logger="mf_celldump"):
+            patch.setattr(AscendPrimitives, "from_mindspore", classmethod(lambda cls: emulator.primitives()))
+            run.ensure_attached(train)
+            run.begin_step(0)
+            train(*gn.make_inputs())
+            run.end_step()
+            summary = run.finish()
+    finally:
+        emulator.close()
+    assert summary.problems == [], summary.text()
+    with open(os.path.join(str(tmp_path), "step0", "rank", "dump.json"), encoding="utf-8") as handle:
+        data = json.load(handle)["data"]
+    for layer in ("layers.0", "layers.1"):
+        attend = data[f"Cell.{layer}.Attend.backward.0"]["output"]
+        assert len(attend) == 1 and attend[0]["shape"] == [gn.ROWS, gn.HIDDEN]  # x; the mask: known limit
+    assert data["Cell.head.Head.backward.0"]["output"][0]["shape"] == [gn.ROWS, gn.HIDDEN]
+    assert data["Cell.embed.Lookup.backward.0"]["output"] == [None]
+    assert any("DumpGradient" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    assert len([r for r in caplog.records if "no gradient can exist" in r.getMessage()]) == 1
