@@ -6,7 +6,7 @@ named by the signature (see ``signature``). Non-tensor values (int, float, bool,
 None) are handed to the backend, which records them as values.
 
 Gradients of inputs follow msprobe 26.2's L0 convention (``gradient_gaps``): the
-top-level tensor inputs of a call go through ONE backend op (``backward_inputs``), so an
+top-level tensor positional inputs of a call go through ONE backend op (``backward_inputs``), so an
 input that depends on no parameter (an attention mask) gets its gradient as soon as
 another input of the call does; positional ones are numbered by their rank among the
 call's top-level tensor arguments. A call with tensor inputs none of which is
@@ -64,26 +64,22 @@ def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFa
         return face.forward(value, ProbeKey(cell_id, FORWARD, slot, kind, path, call), mode)
 
     def tensor_inputs(bound, call: int) -> List[tuple]:
-        """(where, tensor, backward key, mode) of the call's top-level tensor inputs; positional ones
-        numbered by their rank among them (msprobe's backward ``output.i``), keyword-only ones by name."""
+        """(where, tensor, backward key, mode) of the call's top-level tensor positional inputs, numbered
+        by their rank among them (msprobe's backward ``output.i``; keyword-only inputs keep a hook each)."""
         found, rank = [], 0
         for name, value in bound.arguments.items():
             slot = slots[name]
             if slot.kind == inspect.Parameter.VAR_POSITIONAL:
                 items = [((name, i), v, slot.index + i) for i, v in enumerate(value)]
-            elif slot.slot in (SLOT_ARG, SLOT_KWARG):
+            elif slot.slot == SLOT_ARG:
                 items = [((name, None), value, slot.index)]
             else:
                 continue
             for where, item, index in items:
                 if isinstance(item, Tensor):
-                    if slot.slot == SLOT_KWARG:
-                        key = ProbeKey(cell_id, BACKWARD, SLOT_KWARG, KIND_TENSOR, (index,), call)
-                        found.append((where, item, key, "out"))
-                    else:
-                        key = ProbeKey(cell_id, BACKWARD, SLOT_ARG, KIND_TENSOR, (rank,), call)
-                        found.append((where, item, key, modes.input_mode(index)))
-                        rank += 1
+                    key = ProbeKey(cell_id, BACKWARD, SLOT_ARG, KIND_TENSOR, (rank,), call)
+                    found.append((where, item, key, modes.input_mode(index)))
+                    rank += 1
                 elif isinstance(item, (tuple, list)) and _holds_tensor(item, Tensor):
                     gaps.note(class_name, NESTED, f"input.{index}", "msprobe numbers top-level tensors")
         return found
@@ -120,8 +116,8 @@ def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFa
             elif slot.slot == SLOT_ARG:
                 bound.arguments[name] = capture(value, SLOT_ARG, (slot.index,), call, modes.input_mode(slot.index),
                                                 False)
-            elif slot.slot == SLOT_KWARG:
-                bound.arguments[name] = capture(value, SLOT_KWARG, (slot.index,), call, "out", False)
+            elif slot.slot == SLOT_KWARG:  # not tied (msprobe ties positional arguments only): a hook each
+                bound.arguments[name] = capture(value, SLOT_KWARG, (slot.index,), call, "out", backward)
 
     def construct(self, *args, **kwargs):
         if not runtime.active:
@@ -149,7 +145,7 @@ def _holds_tensor(value, tensor_type) -> bool:
 
 
 def _slot_name(key: ProbeKey) -> str:
-    return f"backward output.{key.path[0]}" if key.slot == SLOT_ARG else f"keyword input {key.path[0]}"
+    return f"backward output.{key.path[0]}"
 
 
 def _differentiable_dtypes() -> tuple:

@@ -48,7 +48,6 @@ from mf_celldump.rawformat.keys import (
     KIND_TENSOR,
     SLOT_ARG,
     SLOT_CODES,
-    SLOT_OUTPUT,
     UNKNOWN_CALL,
     ProbeKey,
     kind_of_value,
@@ -122,7 +121,7 @@ class HostBackend(CaptureBackend):
         def pass_bprop(x, key, out, dout):
             return (dout, zeros_like(key))
 
-        # PyNative inputs: their gradients are recorded by the call's one gradient hook
+        # PyNative positional inputs: their gradients are recorded by the call's one gradient hook
         # (HostPyNative.backward_inputs), so this op only records the forward value.
         self.input_probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                          func_type="pyfunc", bprop=pass_bprop)
@@ -221,7 +220,7 @@ class HostPyNative(PyNativeFace):
         backend = self.backend
         if isinstance(value, Tensor):
             codes = Tensor(_dtype_code(value.dtype) + (0, 0) + key.to_codes(), dtype=ms.int32)
-            op = backend.probe_op if key.slot == SLOT_OUTPUT else backend.input_probe_op
+            op = backend.input_probe_op if key.slot == SLOT_ARG else backend.probe_op
             return op(value, codes)
         kind = kind_of_value(value)
         if kind is not None and backend.config.captures_forward:
