@@ -435,12 +435,19 @@ def test_backward_call_k_pairs_with_forward_call_k(runs, model, mode):
         assert calls["forward"] == calls["backward"], cell
         for k in calls["forward"]:
             forward, backward = data[f"{cell}.forward.{k}"], data[f"{cell}.backward.{k}"]
+            # backward output.i: the i-th top-level tensor argument (msprobe's numbering)
+            tensors = [a for a in forward["input_args"] if isinstance(a, dict) and a.get("type") == "mindspore.Tensor"]
             for i, grad in enumerate(backward["output"]):
                 if isinstance(grad, dict) and grad.get("type") == "mindspore.Tensor":
-                    assert grad["shape"] == forward["input_args"][i]["shape"], (cell, k, i)
+                    assert grad["shape"] == tensors[i]["shape"], (cell, k, i)
 
 
-@pytest.mark.parametrize("model", mcore_models.MODELS)
+@pytest.mark.parametrize("model", [
+    "qwen3",
+    pytest.param("deepseek3", marks=pytest.mark.xfail(strict=True, reason=(
+        "limit (issue 11 item 2): PyNative, like msprobe, records the int32-zeros gradient that the "
+        "experts' tied inputs send back to TopKRouter's int output 0 (backward.0.input.0); graph-mode "
+        "autodiff sends no gradient to an integer output, so graph mode lacks those 2 files")))])
 def test_graph_captures_every_tensor_pynative_captures(runs, model):
     pynative = _trained(runs, model, "pynative", "tensor")
     graph = _trained(runs, model, "graph", "tensor")

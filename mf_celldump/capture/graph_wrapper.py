@@ -30,6 +30,7 @@ from typing import Callable, List, Optional
 
 from mf_celldump.capture.backends.base import GraphFace
 from mf_celldump.capture.generated_sources import GeneratedSources
+from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog
 from mf_celldump.capture.selection import SelectedCell
 from mf_celldump.capture.signature import ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
@@ -49,11 +50,16 @@ class _GraphHelpers:
     note_constants: Callable  # (cell_id, leaves) -> note; 0 when the backend records none
     constants_of: Callable  # (value, slot_code, path) -> ((slot_code, path, value), ...)
     constants_of_items: Callable  # (items, slot_code, path, index) -> the same, for a sequence
+    ranked: Callable  # (head, rank) -> head + (rank,): a top-level positional input's backward rank
+    next_rank: Callable  # (value, rank) -> rank + 1 if value is a tensor
+    capture_args: Callable  # (items, head, flags, note, call) -> items captured with backward ranks
+    tie: Callable  # (values) -> values, their top-level tensors through one gradient op
     call_number: Callable  # (cell_id) -> the call's number for its probes (-1: processing infers it)
 
 
-def _graph_helpers(probe: Callable, note_constants: Optional[Callable],
-                   call_number: Optional[Callable]) -> _GraphHelpers:
+def _graph_helpers(probe: Callable, note_constants: Optional[Callable], call_number: Optional[Callable],
+                   input_gradients: Optional[tuple] = None, class_name: str = "",
+                   gaps: Optional[GradientGapLog] = None) -> _GraphHelpers:
     """Graph-parsable helpers shared by both graph wrapper shapes.
 
     Only tensors are handed to probes that may replace them; a non-tensor value is
@@ -76,9 +82,107 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable],
         return -1
 
     constants_of, constants_of_items = _constant_collectors(extend)
-    capture, capture_items, capture_output, after = _capturers(probe, extend)
+    capture, capture_items, capture_output, after = _capturers(probe, extend, class_name, gaps)
+    ranked, next_rank, capture_args, tie = _input_gradients(capture, after, extend, input_gradients, class_name,
+                                                            gaps)
     return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
-                         constants_of, constants_of_items, call_number or uncounted)
+                         constants_of, constants_of_items, ranked, next_rank, capture_args, tie,
+                         call_number or uncounted)
+
+
+def _input_gradients(capture: Callable, after: Callable, extend: Callable, record: Optional[tuple],
+                     class_name: str = "", gaps: Optional[GradientGapLog] = None):
+    """msprobe's backward numbering and its per-call tie of the inputs, in graph code.
+
+    A top-level tensor positional argument gets ``head = (cell id, slot code, rank)``, its rank
+    among the call's top-level tensor arguments, computed at compile time; a probe records
+    its gradient as backward ``output.{rank}`` (a nested tensor gets rank -1: no gradient,
+    as msprobe records none). When the backend has a ``record`` function (host), ``tie``
+    passes the call's top-level tensor arguments, after their probes, through ONE
+    ``InsertGradientOf`` over their tuple whose function records each gradient: an input
+    that depends on no parameter gets its gradient once another input of the call does.
+    (A gradient recorded by a probe's own bprop would not do: graph autodiff builds no
+    bprop for a node none of whose inputs is differentiated, so a mask's probe never runs
+    backward.)
+    """
+    from mindspore import Tensor, ops
+    from mindspore.common import dtype as mstype
+    from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
+    from mindspore.ops.primitive import constexpr
+
+    @constexpr
+    def ranked(head, rank):
+        return (head[0], head[1], rank)
+
+    @constexpr
+    def uses_in(flags, index):
+        return flags if isinstance(flags, bool) else (index < len(flags) and flags[index])
+
+    def next_rank(value, rank):
+        if isinstance(value, Tensor):
+            return rank + 1
+        return rank
+
+    def capture_args(items, head, flags, note, call):
+        return capture_ranked(items, head, flags, 0, note, 0, call)
+
+    def capture_ranked(items, head, flags, index, note, rank, call):
+        if is_dynamic_length(items):
+            return items
+        if not items:
+            return ()
+        first = capture(items[0], ranked(head, rank), extend((), index), uses_in(flags, index), note, call)
+        return (first,) + capture_ranked(items[1:], head, flags, index + 1, after(items[0], note),
+                                         next_rank(items[0], rank), call)
+
+    tie_op = ops.InsertGradientOf(record[0]) if record is not None and record[0] is not None else None
+    no_gradient = record[1] if record is not None else None
+    float_types = tuple(mstype.float_type) + tuple(getattr(mstype, "complex_type", ()))
+
+    @constexpr
+    def differentiable(dtypes):
+        # Compile time: whether any top-level tensor input can have a gradient; log why not once per class.
+        if any(dtype in float_types for dtype in dtypes):
+            return True
+        if gaps is not None:
+            gaps.note(class_name, NOT_DIFFERENTIABLE, ", ".join(f"backward output.{i}" for i in range(len(dtypes))),
+                      ", ".join(str(dtype) for dtype in dtypes))
+        return False
+
+    def dtypes_of(tensors):
+        if not tensors:
+            return ()
+        return (tensors[0].dtype,) + dtypes_of(tensors[1:])
+
+    def tensors_of(values):
+        if not values:
+            return ()
+        if isinstance(values[0], Tensor):
+            return (values[0],) + tensors_of(values[1:])
+        return tensors_of(values[1:])
+
+    def put_back(values, tensors):
+        if not values:
+            return ()
+        if isinstance(values[0], Tensor):
+            return (tensors[0],) + put_back(values[1:], tensors[1:])
+        return (values[0],) + put_back(values[1:], tensors)
+
+    def tie(values):
+        if no_gradient is None:
+            return values
+        if is_dynamic_length(values):
+            return values
+        tensors = tensors_of(values)
+        if not tensors:
+            return values
+        if not differentiable(dtypes_of(tensors)):
+            return put_back(values, no_gradient(tensors))
+        if tie_op is None:
+            return values
+        return put_back(values, tie_op(tensors))
+
+    return ranked, next_rank, capture_args, tie
 
 
 def _constant_collectors(extend: Callable):
@@ -115,7 +219,7 @@ def _constant_collectors(extend: Callable):
     return constants_of, constants_of_items
 
 
-def _capturers(probe: Callable, extend: Callable):
+def _capturers(probe: Callable, extend: Callable, class_name: str = "", gaps: Optional[GradientGapLog] = None):
     """``capture``, ``capture_items``, ``capture_output`` and ``after``: tensors through ``probe``
     (the call's note handed to its first tensor), everything else returned as it came."""
     from mindspore import Tensor
@@ -156,16 +260,23 @@ def _capturers(probe: Callable, extend: Callable):
         first = capture(items[0], head, extend(path, index), uses_in(flags, index), note, call)
         return (first,) + capture_items(items[1:], head, path, flags, index + 1, after(items[0], note), call)
 
+    @constexpr
+    def nested(head, holds_tensor):
+        # Compile time: no backward rank inside a sequence (msprobe records no gradient there).
+        if len(head) > 2 and holds_tensor and gaps is not None:
+            gaps.note(class_name, NESTED, f"input.{head[2]}", "msprobe numbers top-level tensors")
+        return (head[0], head[1], -1) if len(head) > 2 else head
+
     def capture(value, head, path, use_in, note, call):
         if isinstance(value, tuple):
-            return capture_items(value, head, path, use_in, 0, note, call)
+            return capture_items(value, nested(head, has_tensor(value)), path, use_in, 0, note, call)
         if isinstance(value, list):
-            return list(capture_items(tuple(value), head, path, use_in, 0, note, call))
+            return list(capture_items(tuple(value), nested(head, has_tensor(value)), path, use_in, 0, note, call))
         if isinstance(value, Tensor):
             return probe(value, head, path, use_in, note, call)
         if isconstant(value):
             return value  # the same object: a compile-time constant stays one
-        return probe(value, head, path, use_in, 0, call)  # a variable scalar (``mutable``)
+        return probe(value, head, path, use_in, 0)  # a variable scalar (``mutable``)
 
     def capture_output(out, head, flags, note, call):
         if isinstance(out, tuple):
@@ -175,7 +286,8 @@ def _capturers(probe: Callable, extend: Callable):
     return capture, capture_items, capture_output, after
 
 
-def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, sources: GeneratedSources) -> Callable:
+def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, sources: GeneratedSources,
+                    gaps: Optional[GradientGapLog] = None) -> Callable:
     """A graph-parsable ``construct`` capturing through the backend's graph face."""
     original = selected.cell.construct
     slots = param_slots(original, selected.params)
@@ -183,7 +295,10 @@ def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, so
     out_flags = tuple(modes.output_mode(i) == "in" for i in range(len(modes.output_modes)))
     heads = {slot: (selected.cell_id, SLOT_CODES[slot]) for slot in SLOTS}
     records_constants = face.constants_function()
-    helpers = _graph_helpers(face.probe_function(), records_constants, face.call_function())
+    record_inputs = face.input_gradients_function()
+    helpers = _graph_helpers(face.probe_function(), records_constants, face.call_function(),
+                             record_inputs(selected.cell_id) if record_inputs is not None else None,
+                             type(selected.cell).__name__, gaps)
     if any(slot.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for slot in slots):
         return _varargs_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
                                         records_constants is not None)
@@ -208,7 +323,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
                                helpers: _GraphHelpers, records_constants: bool,
                                sources: GeneratedSources) -> Callable:
     """Source for a wrapper with exactly the original's parameters, compiled and registered."""
-    params, body, call, constants = ["self"], [], [], []
+    params, body, call, constants, positional = ["self"], [], [], [], []
     kw_only_seen = False
     for slot in slots:
         if slot.kind == inspect.Parameter.KEYWORD_ONLY and not kw_only_seen:
@@ -221,20 +336,32 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
         head = heads[SLOT_ARG] if slot.slot == SLOT_ARG else heads[SLOT_KWARG]
         use_in = slot.slot == SLOT_ARG and slot.index < len(in_flags) and in_flags[slot.index]
         constants.append(f"_mfcd_constants_of({slot.name}, {head[1]!r}, ({slot.index},))")
-        body.append(f"{slot.name} = _mfcd_capture({slot.name}, {head!r}, ({slot.index},), {use_in!r}, _mfcd_note, "
+        if slot.slot == SLOT_ARG:
+            head_text = f"_mfcd_ranked({head!r}, _mfcd_rank)"
+            positional.append(slot.name)
+        else:
+            head_text = repr(head)
+        body.append(f"{slot.name} = _mfcd_capture({slot.name}, {head_text}, ({slot.index},), {use_in!r}, _mfcd_note, "
                     "_mfcd_call)")
         body.append(f"_mfcd_note = _mfcd_after({slot.name}, _mfcd_note)")
+        if slot.slot == SLOT_ARG:
+            body.append(f"_mfcd_rank = _mfcd_next_rank({slot.name}, _mfcd_rank)")
         call.append(slot.name if slot.slot == SLOT_ARG else f"{slot.name}={slot.name}")
+    if positional:
+        names = ", ".join(positional)
+        body.append(f"({names},) = _mfcd_tie(({names},))")
     if records_constants and constants:
         note = f"_mfcd_note = _mfcd_note_constants({heads[SLOT_ARG][0]!r}, {' + '.join(constants)})"
     else:
         note = "_mfcd_note = 0"
     lines = [
         "def _mfcd_make(_mfcd_original, _mfcd_capture, _mfcd_capture_output, _mfcd_after, _mfcd_note_constants,",
-        "               _mfcd_constants_of, _mfcd_call_number, _mfcd_out_head, _mfcd_out_flags):",
+        "               _mfcd_constants_of, _mfcd_out_head, _mfcd_out_flags, _mfcd_ranked, _mfcd_next_rank,",
+        "               _mfcd_tie, _mfcd_call_number):",
         f"    def construct({', '.join(params)}):",
         f"        _mfcd_call = _mfcd_call_number({heads[SLOT_ARG][0]!r})",
         f"        {note}",
+        "        _mfcd_rank = 0",
         *[f"        {line}" for line in body],
         f"        _mfcd_out = _mfcd_original({', '.join(call)})",
         "        return _mfcd_capture_output(_mfcd_out, _mfcd_out_head, _mfcd_out_flags, _mfcd_note, _mfcd_call)",
@@ -247,7 +374,8 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     exec(compile(source, file_name, "exec"), namespace)  # noqa: S102 - our own generated source
     make = namespace["_mfcd_make"]
     construct = make(original, helpers.capture, helpers.capture_output, helpers.after, helpers.note_constants,
-                     helpers.constants_of, helpers.call_number, heads[SLOT_OUTPUT], out_flags)
+                     helpers.constants_of, heads[SLOT_OUTPUT], out_flags, helpers.ranked, helpers.next_rank,
+                     helpers.tie, helpers.call_number)
     positional_defaults = tuple(
         slot.default for slot in slots
         if slot.kind != inspect.Parameter.KEYWORD_ONLY and slot.default is not inspect.Parameter.empty
@@ -269,7 +397,8 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
     named = {slot.name: (SLOT_CODES[slot.slot], slot.index) for slot in slots if slot.slot}
     arg_head, out_head = heads[SLOT_ARG], heads[SLOT_OUTPUT]
     cell_id = arg_head[0]
-    capture, capture_items, capture_output = helpers.capture, helpers.capture_items, helpers.capture_output
+    capture, capture_output = helpers.capture, helpers.capture_output
+    capture_args, tie = helpers.capture_args, helpers.tie
     after, note_constants, call_number = helpers.after, helpers.note_constants, helpers.call_number
     constants_of, constants_of_items = helpers.constants_of, helpers.constants_of_items
 
@@ -315,7 +444,7 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
         if records_constants:
             note = note_constants(cell_id, constants_of_items(args, arg_head[1], (), 0)
                                   + kwargs_constants(kwargs, tuple(kwargs.keys())))
-        new_args = capture_items(args, arg_head, (), in_flags, 0, note, call)
+        new_args = tie(capture_args(args, arg_head, in_flags, note, call))
         new_kwargs = capture_kwargs(kwargs, tuple(kwargs.keys()), after(args, note), call)
         out = original(*new_args, **new_kwargs)
         return capture_output(out, out_head, out_flags, kwargs_after(kwargs, tuple(kwargs.keys()), after(args, note)),

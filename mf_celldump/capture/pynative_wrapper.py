@@ -4,14 +4,22 @@ It knows the step and the call index, skips all work on steps that are not captu
 walks any nesting of tuples, lists and dicts, and applies defaults so arguments are
 named by the signature (see ``signature``). Non-tensor values (int, float, bool,
 None) are handed to the backend, which records them as values.
+
+Gradients of inputs follow msprobe 26.2's L0 convention (``gradient_gaps``): the
+top-level tensor positional inputs of a call go through ONE backend op (``backward_inputs``), so an
+input that depends on no parameter (an attention mask) gets its gradient as soon as
+another input of the call does; positional ones are numbered by their rank among the
+call's top-level tensor arguments. A call with tensor inputs none of which is
+differentiable gets an explicit null per tensor input (``no_gradient``).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from mf_celldump.capture.backends.base import PyNativeFace
+from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell
 from mf_celldump.capture.signature import param_slots
@@ -29,41 +37,87 @@ from mf_celldump.rawformat.keys import (
 
 
 def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFace, runtime: CaptureRuntime,
-                       forward: bool, backward: bool) -> Callable:
+                       forward: bool, backward: bool, gaps: Optional[GradientGapLog] = None) -> Callable:
     """A Python ``construct`` that captures inputs, outputs and their gradients."""
     from mindspore import Tensor
 
     original = selected.cell.construct
     cell_id = selected.cell_id
+    class_name = type(selected.cell).__name__
     signature = inspect.signature(original)
     slots = {slot.name: slot for slot in param_slots(original, selected.params)}
+    gaps = gaps if gaps is not None else GradientGapLog()
+    differentiable = _differentiable_dtypes()
 
-    def capture(value, slot: str, path: Tuple[int, ...], call: int, mode: str):
+    def capture(value, slot: str, path: Tuple[int, ...], call: int, mode: str, grad: bool):
         if isinstance(value, (tuple, list)):
-            items = [capture(v, slot, path + (i,), call, mode) for i, v in enumerate(value)]
+            items = [capture(v, slot, path + (i,), call, mode, grad) for i, v in enumerate(value)]
             return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         if isinstance(value, dict):
-            return {k: capture(v, slot, path + (i,), call, mode) for i, (k, v) in enumerate(value.items())}
+            return {k: capture(v, slot, path + (i,), call, mode, grad) for i, (k, v) in enumerate(value.items())}
         if isinstance(value, Tensor):
             kind = KIND_TENSOR
-            if backward:
+            if grad:
                 value = face.backward(value, ProbeKey(cell_id, BACKWARD, slot, kind, path, call), mode)
         else:
             kind = KIND_NONE  # the backend refines the kind of a Python value
         return face.forward(value, ProbeKey(cell_id, FORWARD, slot, kind, path, call), mode)
+
+    def tensor_inputs(bound, call: int) -> List[tuple]:
+        """(where, tensor, backward key, mode) of the call's top-level tensor positional inputs, numbered
+        by their rank among them (msprobe's backward ``output.i``; keyword-only inputs keep a hook each)."""
+        found, rank = [], 0
+        for name, value in bound.arguments.items():
+            slot = slots[name]
+            if slot.kind == inspect.Parameter.VAR_POSITIONAL:
+                items = [((name, i), v, slot.index + i) for i, v in enumerate(value)]
+            elif slot.slot == SLOT_ARG:
+                items = [((name, None), value, slot.index)]
+            else:
+                continue
+            for where, item, index in items:
+                if isinstance(item, Tensor):
+                    key = ProbeKey(cell_id, BACKWARD, SLOT_ARG, KIND_TENSOR, (rank,), call)
+                    found.append((where, item, key, modes.input_mode(index)))
+                    rank += 1
+                elif isinstance(item, (tuple, list)) and _holds_tensor(item, Tensor):
+                    gaps.note(class_name, NESTED, f"input.{index}", "msprobe numbers top-level tensors")
+        return found
+
+    def tie_inputs(bound, call: int) -> None:
+        """The call's tensor inputs through one op of the backend (their gradients come together)."""
+        found = tensor_inputs(bound, call)
+        if not found:
+            return
+        if not any(item.dtype in differentiable for _, item, _, _ in found):
+            for _, _, key, mode in found:
+                face.no_gradient(key.with_kind(KIND_NONE), mode)
+            gaps.note(class_name, NOT_DIFFERENTIABLE, ", ".join(_slot_name(key) for _, _, key, _ in found),
+                      ", ".join(str(item.dtype) for _, item, _, _ in found))
+            return
+        tied = face.backward_inputs(tuple(item for _, item, _, _ in found), tuple(key for _, _, key, _ in found),
+                                    tuple(mode for _, _, _, mode in found))
+        for ((name, position), _, _, _), value in zip(found, tied):
+            if position is None:
+                bound.arguments[name] = value
+            else:
+                values = list(bound.arguments[name])
+                values[position] = value
+                bound.arguments[name] = tuple(values)
 
     def capture_arguments(bound, call: int) -> None:
         for name, value in bound.arguments.items():
             slot = slots[name]
             if slot.kind == inspect.Parameter.VAR_POSITIONAL:
                 bound.arguments[name] = tuple(
-                    capture(v, SLOT_ARG, (slot.index + i,), call, modes.input_mode(slot.index + i))
+                    capture(v, SLOT_ARG, (slot.index + i,), call, modes.input_mode(slot.index + i), False)
                     for i, v in enumerate(value)
                 )
             elif slot.slot == SLOT_ARG:
-                bound.arguments[name] = capture(value, SLOT_ARG, (slot.index,), call, modes.input_mode(slot.index))
-            elif slot.slot == SLOT_KWARG:
-                bound.arguments[name] = capture(value, SLOT_KWARG, (slot.index,), call, "out")
+                bound.arguments[name] = capture(value, SLOT_ARG, (slot.index,), call, modes.input_mode(slot.index),
+                                                False)
+            elif slot.slot == SLOT_KWARG:  # not tied (msprobe ties positional arguments only): a hook each
+                bound.arguments[name] = capture(value, SLOT_KWARG, (slot.index,), call, "out", backward)
 
     def construct(self, *args, **kwargs):
         if not runtime.active:
@@ -71,11 +125,30 @@ def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFa
         call = runtime.next_call(cell_id)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
+        if backward:
+            tie_inputs(bound, call)
         capture_arguments(bound, call)
         out = original(*bound.args, **bound.kwargs)
         if isinstance(out, (tuple, list)):
-            items = [capture(item, SLOT_OUTPUT, (i,), call, modes.output_mode(i)) for i, item in enumerate(out)]
+            items = [capture(item, SLOT_OUTPUT, (i,), call, modes.output_mode(i), backward)
+                     for i, item in enumerate(out)]
             return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
-        return capture(out, SLOT_OUTPUT, (0,), call, modes.output_mode(0))
+        return capture(out, SLOT_OUTPUT, (0,), call, modes.output_mode(0), backward)
 
     return construct
+
+
+def _holds_tensor(value, tensor_type) -> bool:
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v, tensor_type) for v in value)
+    return isinstance(value, tensor_type)
+
+
+def _slot_name(key: ProbeKey) -> str:
+    return f"backward output.{key.path[0]}"
+
+
+def _differentiable_dtypes() -> tuple:
+    from mindspore.common import dtype as mstype
+
+    return tuple(mstype.float_type) + tuple(getattr(mstype, "complex_type", ()))

@@ -27,6 +27,7 @@ from mf_celldump.capture.backends import (
 )
 from mf_celldump.capture.construct_patch import InstalledConstruct, install
 from mf_celldump.capture.generated_sources import GeneratedSources
+from mf_celldump.capture.gradient_gaps import GradientGapLog
 from mf_celldump.capture.graph_wrapper import graph_construct
 from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.parameters import ParameterCapture
@@ -177,13 +178,14 @@ class CellDump:
     def _wrap_cells(self, graph_mode: bool) -> None:
         modes = _layer_modes(self.config, self.cells, self.model)
         face = self.backend.graph() if graph_mode else self.backend.pynative()
+        gaps = GradientGapLog()  # one log line per cell class and reason, per attach
         for selected in self.cells:
             arg_modes = modes.get(selected.name, DEFAULT_MODES)
             if graph_mode:
-                construct = graph_construct(selected, arg_modes, face, self._sources)
+                construct = graph_construct(selected, arg_modes, face, self._sources, gaps)
             else:
                 construct = pynative_construct(selected, arg_modes, face, self.runtime,
-                                               self.config.captures_forward, self.config.captures_backward)
+                                               self.config.captures_forward, self.config.captures_backward, gaps)
             self._installed.append(install(selected.cell, construct))
         if self.config.parameters:
             self._parameters = ParameterCapture.for_cells(self.config, self.runtime, self.backend.context.sink,

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump import naming
 from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import SLOT_WEIGHT, SLOT_WEIGHT_GRAD
+from mf_celldump.rawformat.keys import KIND_NONE, KIND_TENSOR, SLOT_ARG, SLOT_KWARG, SLOT_WEIGHT, SLOT_WEIGHT_GRAD
 from mf_celldump.rawformat.manifest import CellRecord
 
 ShapeOf = Callable[[Capture], Optional[Tuple[int, ...]]]  # a capture's shape, None when unreadable
@@ -28,11 +28,21 @@ class Entry:
     first: Tuple[int, int]
     captures: List[Capture] = field(default_factory=list)
     parent: Optional[str] = None
-    weights_only: bool = False  # so far only weights (read at step start), which do not place the entry
+    weights_only: bool = False  # so far only weights (read at step start) or gradient gaps: they do not place it
 
     @property
     def is_parameters_grad(self) -> bool:
         return self.direction == naming.PARAMETERS_GRAD
+
+
+def is_gradient_gap(capture: Capture) -> bool:
+    """A backward input slot whose gradient cannot exist (an explicit null, docs/raw-format.md).
+
+    Written when the forward call runs, so, like a weight, it does not place its entry, and
+    an entry holding nothing else (the call had no backward) is dropped.
+    """
+    key = capture.key
+    return key.direction == naming.BACKWARD and key.kind == KIND_NONE and key.slot in (SLOT_ARG, SLOT_KWARG)
 
 
 def _entry_kind(capture: Capture) -> str:
@@ -59,18 +69,52 @@ def assign_calls(captures: List[Capture], shape_of: Optional[ShapeOf] = None) ->
     unknown: Dict[tuple, List[Capture]] = {}
     for capture in captures:
         if capture.key.call is None:
-            unknown.setdefault(capture.probe, []).append(capture)
+            unknown.setdefault(capture.probe + (is_gradient_gap(capture),), []).append(capture)
         else:
             capture.call = capture.key.call
+    # A gradient gap is written when its call runs forward: counted in order, like forward captures.
+    in_reverse = {probe for probe in unknown
+                  if probe[1] == naming.BACKWARD and probe[2] != SLOT_WEIGHT_GRAD and not probe[4]}
     for probe, group in unknown.items():
-        group.sort(key=lambda c: c.sort_key)
-        if probe[1] == naming.BACKWARD and probe[2] != SLOT_WEIGHT_GRAD:
-            group.reverse()
-            forward = unknown.get((probe[0], naming.FORWARD, probe[2], probe[3]))
-            if shape_of is not None and forward is not None and len(group) > 1:
-                group = _paired_by_shape(group, sorted(forward, key=lambda c: c.sort_key), shape_of)
+        if probe not in in_reverse:
+            group.sort(key=lambda c: c.sort_key)
+            for call, capture in enumerate(group):
+                capture.call = call
+    forward = _forward_values(captures) if shape_of is not None else None
+    for probe in in_reverse:
+        group = sorted(unknown[probe], key=lambda c: c.sort_key, reverse=True)
+        if forward is not None and len(group) > 1:
+            group = _paired_by_shape(group, forward.get(_forward_probe(probe, forward)) or [], shape_of)
         for call, capture in enumerate(group):
             capture.call = call
+
+
+def _forward_values(captures: List[Capture]) -> Dict[tuple, List[Capture]]:
+    """(cell, slot, path) -> that forward probe's captures by call; also (cell, "ranks") -> the paths of
+    the cell's top-level tensor arguments in order (a backward input path is a rank among them)."""
+    forward: Dict[tuple, List[Capture]] = {}
+    for capture in captures:
+        if capture.key.direction == naming.FORWARD and capture.key.kind == KIND_TENSOR:
+            forward.setdefault((capture.key.cell_id, capture.key.slot, capture.key.path), []).append(capture)
+    ranks: Dict[int, set] = {}
+    for (cell_id, slot, path), group in forward.items():
+        group.sort(key=lambda c: c.call)
+        if slot == SLOT_ARG and len(path) == 1:
+            ranks.setdefault(cell_id, set()).add(path)
+    for cell_id, paths in ranks.items():
+        forward[(cell_id, "ranks")] = sorted(paths)
+    return forward
+
+
+def _forward_probe(probe: tuple, forward: Dict[tuple, list]) -> Optional[tuple]:
+    """The forward probe whose value a backward probe is the gradient of."""
+    cell_id, _, slot, path = probe[:4]
+    if slot != SLOT_ARG:
+        return (cell_id, slot, path)
+    paths = forward.get((cell_id, "ranks")) or []
+    if len(path) != 1 or not 0 <= path[0] < len(paths):
+        return None
+    return (cell_id, slot, paths[path[0]])
 
 
 def _paired_by_shape(backward: List[Capture], forward: List[Capture], shape_of: ShapeOf) -> List[Capture]:
@@ -104,7 +148,7 @@ def group_entries(captures: List[Capture], cells: Dict[int, CellRecord], problem
             continue
         kind = _entry_kind(capture)
         ident = (cell.cell_id, kind, capture.call)
-        weight = capture.key.slot == SLOT_WEIGHT
+        weight = capture.key.slot == SLOT_WEIGHT or is_gradient_gap(capture)
         entry = entries.get(ident)
         if entry is None:
             entry = entries[ident] = Entry(cell, kind, capture.call, _entry_name(cell, kind, capture.call),

@@ -55,9 +55,13 @@ def _file_name() -> List[str]:
         ["cell", "int", "`manifest.cells[].id`"],
         ["d", "`f` / `b`", "forward / backward"],
         ["slot", " / ".join(f"`{k}`" for k in keys.SLOTS), "; ".join(f"`{k}` {v}" for k, v in slots.items())],
-        ["kind", " / ".join(f"`{k}`" for k in keys.KINDS), "; ".join(f"`{k}` {v}" for k, v in kinds.items())],
+        ["kind", " / ".join(f"`{k}`" for k in keys.KINDS), "; ".join(f"`{k}` {v}" for k, v in kinds.items())
+         + "; d `b` with slot `a`/`k` and kind `n`: no gradient can exist for that input (written when the call "
+         "runs forward; processing writes null and drops it if the call had no backward)"],
         ["call", "int or `x`", "call index within the step; `x`: processing infers it"],
-        ["path", "`0`, `1.0`, ...", f"index path, at most {keys.MAX_PATH_DEPTH} deep, each index < {keys.MAX_INDEX}"],
+        ["path", "`0`, `1.0`, ...", f"index path, at most {keys.MAX_PATH_DEPTH} deep, each index < {keys.MAX_INDEX}; "
+         "d `b`, slot `a`: the rank of the input among the call's top-level tensor arguments (msprobe's "
+         "backward `output.i`; a tuple or non-tensor argument takes no number)"],
         ["dtype", "numpy-style", "`float32`, `bfloat16` (data stored as float32), `int64`, `bool`, ..."],
         ["seq", "int", "execution order inside the process (TensorDump's id or our counter)"],
     ]

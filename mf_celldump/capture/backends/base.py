@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Optional
+from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.sink import RawSink
@@ -66,6 +66,16 @@ class PyNativeFace(ABC):
     def backward(self, tensor: Any, key: ProbeKey, mode: str) -> Any:
         """Return ``tensor`` so that its gradient is captured under ``key`` when it flows back."""
 
+    @abstractmethod
+    def backward_inputs(self, tensors: Tuple, keys: Tuple[ProbeKey, ...], modes: Tuple[str, ...]) -> Tuple:
+        """Return the tensor inputs of one call, tied by ONE op, so that the gradient of each is
+        captured under its key when the call's backward runs (also for an input that depends on
+        no parameter, as long as another one of the call does)."""
+
+    @abstractmethod
+    def no_gradient(self, key: ProbeKey, mode: str) -> None:
+        """Record that input ``key`` (a backward key, kind None) can have no gradient: an explicit null."""
+
 
 class GraphFace(ABC):
     """Capture in graph mode: one graph-parsable probe function, and optionally a recorder of
@@ -95,6 +105,15 @@ class GraphFace(ABC):
         """A ``constexpr`` ``note(cell_id, leaves) -> int`` run at compile time, ``leaves`` being
         ``((slot code, path, value), ...)`` for the call's constant non-tensor values; None
         when this backend records no non-tensor values in graph mode."""
+        return None
+
+    def input_gradients_function(self) -> Optional[Callable]:
+        """``for_cell(cell_id) -> (record, no_gradient)``, both graph-parsable: ``record(gradients) ->
+        gradients`` is given to one ``InsertGradientOf`` per cell that ties each call's top-level
+        tensor positional arguments (``graph_wrapper``), ``gradients[i]`` being the one w.r.t. the
+        i-th of them (msprobe's ``backward.output.i``); ``no_gradient(tensors) -> tensors`` runs in a
+        call whose tensor inputs are all integer and writes a null for each. ``record`` None: the
+        probes record input gradients one by one; the whole function None: neither."""
         return None
 
     def gradient_probe_function(self) -> Optional[Callable]:

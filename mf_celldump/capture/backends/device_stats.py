@@ -120,3 +120,13 @@ class DeviceStatsPyNative(PyNativeFace):
         hooked = self.gradient_hooks.apply(tensor, key)
         self.aliases.hooked(tensor, hooked)  # shares a Parameter's memory but is no Parameter
         return hooked
+
+    def backward_inputs(self, tensors, keys, modes):
+        hooked = self.gradient_hooks.apply_many(tensors, keys, ("out",) * len(keys))
+        for tensor, result in zip(tensors, hooked):
+            self.aliases.hooked(tensor, result)
+        return hooked
+
+    def no_gradient(self, key: ProbeKey, mode: str) -> None:
+        if self.backend.context.runtime.active:
+            self.backend.context.sink.value(key, None)

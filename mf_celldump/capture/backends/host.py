@@ -2,11 +2,17 @@
 
 Python runs when the op executes, in either mode, so this works wherever MindSpore
 runs pyfunc ops (CPU and GPU, PyNative and graph). The op takes ``(x, key, call)`` where
-``key`` is a small int32 tensor (dtype code + probe key codes) and ``call`` the call
-number when only the running graph knows it (below), so one op instance serves every
-probe. Its ``bprop`` passes the incoming gradient through a second
+``key`` is a small int32 tensor (dtype code, constants note, tie flag, probe key codes) and
+``call`` the call number when only the running graph knows it (below), so one op instance
+serves every probe. Its ``bprop`` passes the incoming gradient through a second
 pyfunc op that records it. The forward op carries ``side_effect_io``, so graph mode neither
 drops a probe whose output goes unused nor merges two calls' probes of one tensor.
+
+Gradients of a call's positional inputs are recorded by the call's tie instead (one
+``InsertGradientOf`` over the tuple of its top-level tensor arguments: graph_wrapper in
+graph mode, with keys carrying tie flag 1; ``GradientHookCache.apply_many`` in PyNative),
+under their rank among those arguments, as msprobe numbers ``backward.output.i``; the
+probes of those inputs record forward values only.
 
 Non-tensor values in graph mode: a constant (``None``, a Python int or flag) is noted at
 compile time in a table of this backend, and the call's first tensor probe carries the
@@ -19,9 +25,11 @@ Call numbers in graph mode: one compiled ``construct`` serves every call of a ce
 probe's key cannot say which call it belongs to. A third op (``call_op``, ``side_effect_io``
 so two calls are never merged) runs first in each call and returns the call's number from
 the runtime's counter; the graph probe op takes it as a third input, and its ``bprop``
-receives the same value, so a gradient is recorded under the call that produced it even
-when gradients do not flow in reverse call order (Qwen3's rotary cell applied to query,
-then key, whose backward runs in data order: issue 13).
+receives the same value, so an output's gradient is recorded under the call that produced
+it even when gradients do not flow in reverse call order (Qwen3's rotary cell applied to
+query, then key, whose backward runs in data order: issue 13). The tie's function sees
+gradients only, so input gradients carry no call; processing pairs them with a forward
+call by order and shape (docs/raw-format.md).
 
 Execution is asynchronous in graph mode, so the session synchronises before marking a
 step complete.
@@ -39,6 +47,7 @@ from mindspore import Tensor, ops
 from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
+from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
 from mf_celldump.dtypes import dtype_names, mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.rawformat.keys import (
     BACKWARD,
@@ -48,7 +57,10 @@ from mf_celldump.rawformat.keys import (
     KIND_CODES,
     KIND_FLOAT,
     KIND_INT,
+    KIND_NONE,
     KIND_TENSOR,
+    SLOT_ARG,
+    SLOT_CODES,
     UNKNOWN_CALL,
     ProbeKey,
     kind_of_value,
@@ -126,6 +138,11 @@ class HostBackend(CaptureBackend):
             self._emit(x, key, BACKWARD)
             return x
 
+        # Graph mode: a call whose tensor inputs are all integer writes a null per input (backward, kind
+        # None) when it runs forward; nothing uses the op's output, so only side_effect_io keeps it.
+        self.null_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        self.null_op.add_prim_attr("side_effect_io", True)
+
         # Gradients the optimizer receives (parameters_grad): recorded when the op runs, never differentiated.
         self.record_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
 
@@ -156,6 +173,10 @@ class HostBackend(CaptureBackend):
             return dout
 
         grad_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        # Graph mode: the gradient of an input that depends on no parameter (recorded by the call's tie,
+        # graph_wrapper) goes nowhere after this op; side_effect_io keeps it from being dropped.
+        grad_op.add_prim_attr("side_effect_io", True)
+        self.grad_op = grad_op
         zeros_like = ops.zeros_like
         if backward_enabled:
             def bprop(x, key, call, out, dout):
@@ -170,6 +191,14 @@ class HostBackend(CaptureBackend):
         # (FreqsMgr's swap mask in LLaMA, Qwen3's labels) and merged with another call's probe
         # when both see the same tensor under the same key (a cell called twice on one tensor).
         self.probe_op.add_prim_attr("side_effect_io", True)
+
+        def pass_bprop(x, key, call, out, dout):
+            return (dout, zeros_like(key), zeros_like(call))
+
+        # PyNative positional inputs: their gradients are recorded by the call's one gradient hook
+        # (HostPyNative.backward_inputs), so this op only records the forward value.
+        self.input_probe_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                         func_type="pyfunc", bprop=pass_bprop)
         # Non-constant scalars: the op's output is unused, so only side_effect_io keeps it.
         self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
         self.value_op.add_prim_attr("side_effect_io", True)
@@ -194,7 +223,9 @@ class HostBackend(CaptureBackend):
         if not runtime.active:
             return
         codes = np.asarray(key).reshape(-1).tolist()
-        probe = ProbeKey.from_codes(codes[2:], direction)
+        probe = ProbeKey.from_codes(codes[3:], direction)
+        if direction == BACKWARD and probe.slot == SLOT_ARG and not codes[2]:
+            return  # graph mode: a positional input's gradient is recorded by the call's tie (codes[2] set)
         if call is not None:
             number = int(np.asarray(call).reshape(-1)[0])
             if number >= 0:
@@ -210,6 +241,17 @@ class HostBackend(CaptureBackend):
         if dtype is None:
             dtype = array.dtype.name
             self._warn_width_unknown(probe, declared, dtype)
+        self._emit_array(sink, probe, array, dtype)
+
+    def emit_gradient(self, gradient, probe: ProbeKey, mode: str = "out") -> None:
+        """PyNative: a gradient Tensor handed over by the call's gradient hook, written like ``_emit``'s."""
+        if not self.context.runtime.active:
+            return
+        dtype = numpy_dtype_name(str(gradient.dtype))
+        host = gradient.astype(ms.float32) if gradient.dtype == ms.bfloat16 else gradient
+        self._emit_array(self.context.sink, probe, _owned(host.asnumpy()), dtype)
+
+    def _emit_array(self, sink, probe: ProbeKey, array: np.ndarray, dtype: str) -> None:
         # The writer's thread saves the array or computes its statistics; the op returns at once.
         if self.config.task == "tensor":
             sink.tensor(probe, array, dtype)
@@ -243,12 +285,14 @@ class HostPyNative(PyNativeFace):
     def __init__(self, backend: HostBackend):
         self.backend = backend
         self._no_call = Tensor((UNKNOWN_CALL,), ms.int32)  # the key itself holds the call number
+        self.gradient_hooks = GradientHookCache(backend.context.runtime, backend.emit_gradient)
 
     def forward(self, value, key: ProbeKey, mode: str):
         backend = self.backend
         if isinstance(value, Tensor):
-            codes = Tensor(_dtype_code(value.dtype) + (0,) + key.to_codes(), dtype=ms.int32)
-            return backend.probe_op(value, codes, self._no_call)
+            codes = Tensor(_dtype_code(value.dtype) + (0, 0) + key.to_codes(), dtype=ms.int32)
+            op = backend.input_probe_op if key.slot == SLOT_ARG else backend.probe_op
+            return op(value, codes, self._no_call)
         kind = kind_of_value(value)
         if kind is not None and backend.config.captures_forward:
             backend.context.sink.value(key.with_kind(kind), value)
@@ -256,6 +300,13 @@ class HostPyNative(PyNativeFace):
 
     def backward(self, tensor, key: ProbeKey, mode: str):
         return tensor  # the probe op inserted by forward() records the gradient in its bprop
+
+    def backward_inputs(self, tensors, keys, modes):
+        return self.gradient_hooks.apply_many(tensors, keys, modes)
+
+    def no_gradient(self, key: ProbeKey, mode: str) -> None:
+        if self.backend.context.runtime.active:
+            self.backend.context.sink.value(key, None)
 
 
 class HostGraph(GraphFace):
@@ -302,6 +353,40 @@ class HostGraph(GraphFace):
 
         return note_constants
 
+    def input_gradients_function(self) -> Optional[Callable]:
+        if not self.backend.config.captures_backward:
+            return None
+        grad_op, null_op, int32, arg_code = self.backend.grad_op, self.backend.null_op, ms.int32, SLOT_CODES[SLOT_ARG]
+        none_code = KIND_CODES[KIND_NONE]
+        key_codes = _make_graph_key_codes()
+        no_call = Tensor((UNKNOWN_CALL,), int32)  # the tie's function sees gradients only: processing numbers
+
+        def for_cell(cell_id):
+            head = (cell_id, arg_code)
+
+            def record_all(gradients, rank):
+                if not gradients:
+                    return ()
+                gradient = gradients[0]
+                key = Tensor(key_codes(head, 0, (rank,), gradient.dtype, 0, 1), int32)
+                return (grad_op(gradient, key, no_call),) + record_all(gradients[1:], rank + 1)
+
+            def on_gradients(gradients):
+                return record_all(gradients, 0)
+
+            def no_gradient(tensors, rank):
+                if tensors:
+                    null_op(Tensor(0, int32), Tensor(key_codes(head, none_code, (rank,), None, 0, 1), int32))
+                    no_gradient(tensors[1:], rank + 1)
+
+            def on_no_gradient(tensors):
+                no_gradient(tensors, 0)
+                return tensors
+
+            return on_gradients, on_no_gradient
+
+        return for_cell
+
     def gradient_probe_function(self) -> Callable:
         record_op, int32 = self.backend.record_op, ms.int32
         key_codes = _make_graph_key_codes()
@@ -314,9 +399,9 @@ class HostGraph(GraphFace):
 
 def _make_graph_key_codes():
     @constexpr
-    def graph_key_codes(head, kind_code, path, ms_dtype, note):
+    def graph_key_codes(head, kind_code, path, ms_dtype, note, tied=0):
         # Runs in Python at graph compile time: everything here is a constant.
         dtype = _dtype_code(ms_dtype) if ms_dtype is not None else (_NO_DTYPE,)
-        return dtype + (note, head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
+        return dtype + (note, tied, head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
 
     return graph_key_codes

@@ -32,7 +32,16 @@ from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
-from mf_celldump.rawformat.keys import BACKWARD, CODE_SLOTS, FORWARD, KIND_TENSOR, ProbeKey, kind_of_value
+from mf_celldump.rawformat.keys import (
+    BACKWARD,
+    CODE_SLOTS,
+    FORWARD,
+    KIND_NONE,
+    KIND_TENSOR,
+    SLOT_ARG,
+    ProbeKey,
+    kind_of_value,
+)
 from mf_celldump.rawformat.manifest import COMPLETION_TENSORDUMP, NUMBERING_GLOBAL, NUMBERING_GRAPH
 from mf_celldump.rawformat.names import raw_stem, td_done_stem
 
@@ -158,6 +167,10 @@ class TensorDumpBackend(CaptureBackend):
         return self._face
 
     def graph(self) -> GraphFace:
+        if self.config.captures_backward:
+            logger.warning("%s backend, graph mode: input gradients are recorded one tensor at a time through "
+                           "DumpGradient, so an input that depends on no parameter (an attention mask) gets no "
+                           "gradient here, where msprobe's PyNative dump has one (README, known limits)", self.name)
         return TensorDumpGraph(self)
 
 
@@ -217,6 +230,17 @@ class TensorDumpPyNative(PyNativeFace):
         self.aliases.hooked(tensor, hooked)  # shares a Parameter's memory but is no Parameter
         return hooked
 
+    def backward_inputs(self, tensors, keys, modes):
+        hooked = self.gradient_hooks.apply_many(tensors, keys, modes)
+        for tensor, result in zip(tensors, hooked):
+            self.aliases.hooked(tensor, result)
+        return hooked
+
+    def no_gradient(self, key: ProbeKey, mode: str) -> None:
+        # Travels as a scalar file like the forward non-tensor values; its kind (None) makes it a null.
+        if self.context.runtime.active:
+            self._queue(mode, self._path(key.with_kind(KIND_NONE)), Tensor(0))
+
     def _dump_gradient(self, gradient, key: ProbeKey, mode: str) -> None:
         self._queue(mode, self._path(key), gradient)
 
@@ -234,15 +258,17 @@ class TensorDumpGraph(GraphFace):
         prefix = self.backend.context.writer.placeholder_step_dir() + os.sep
         sep = self.backend.stem_separator
         graph_path = _make_graph_path()
+        has_gradient, gradient_path = _make_gradient_numbering()
 
         def graph_probe(value, head, path, use_in, note, call):  # TensorDump file order gives the call
             if isinstance(value, Tensor):
-                if backward_enabled:
+                if backward_enabled and has_gradient(head):
                     # A forward "in" dump pairs with a gradient "out" hook: MindSpore's parallel pass
                     # keeps both on the consumer side of a redistribution (PTD
                     # MakeInModeDumpAfterRedistribution / MakeOutModeDumpBwdHookAfterRedistribution),
                     # "out" with "in" on the producer side; msprobe 26.2 pairs them the same way.
-                    value = grad(graph_path(prefix, head, "b", path, sep), value, "out" if use_in else "in")
+                    value = grad(graph_path(prefix, head, "b", gradient_path(head, path), sep), value,
+                                 "out" if use_in else "in")
                 if forward_enabled:
                     name = graph_path(prefix, head, "f", path, sep)
                     if use_in:  # noqa: SIM108 - statement form: what the graph parser is known to take
@@ -252,6 +278,30 @@ class TensorDumpGraph(GraphFace):
             return value
 
         return graph_probe
+
+    def input_gradients_function(self) -> Optional[Callable]:
+        """No tie: input gradients go through DumpGradient one by one (README, known limits); a call
+        with only integer tensor inputs writes a null per input (a scalar file of kind None)."""
+        if not self.backend.config.captures_backward:
+            return None
+        dump_out, depend = self.backend.primitives.dump_out, ops.depend
+        prefix = self.backend.context.writer.placeholder_step_dir() + os.sep
+        sep = self.backend.stem_separator
+        null_path = _make_null_path()
+
+        def for_cell(cell_id):
+            def no_gradient(tensors, rank):
+                if not tensors:
+                    return ()
+                first = depend(tensors[0], dump_out(null_path(prefix, cell_id, rank, sep), Tensor(0)))
+                return (first,) + no_gradient(tensors[1:], rank + 1)
+
+            def on_no_gradient(tensors):
+                return no_gradient(tensors, 0)
+
+            return None, on_no_gradient
+
+        return for_cell
 
     def gradient_probe_function(self) -> Callable:
         dump_out, depend = self.backend.primitives.dump_out, ops.depend
@@ -263,6 +313,32 @@ class TensorDumpGraph(GraphFace):
             return depend(value, dump_out(graph_path(prefix, head, "b", path, sep), value))
 
         return gradient_probe
+
+
+def _make_gradient_numbering():
+    """msprobe's numbering of input gradients (graph_wrapper gives a top-level tensor positional input
+    ``head = (cell, slot, rank)``, a tensor inside a sequence argument rank -1): whether a gradient is
+    recorded, and its path, ``(rank,)`` for a positional input."""
+
+    @constexpr
+    def has_gradient(head):
+        return len(head) < 3 or head[2] >= 0
+
+    @constexpr
+    def gradient_path(head, path):
+        return (head[2],) if len(head) > 2 else path
+
+    return has_gradient, gradient_path
+
+
+def _make_null_path():
+    @constexpr
+    def null_path(prefix, cell_id, rank, sep):
+        # Compile-time: the file of an explicit null for backward input ``rank`` (no gradient can exist).
+        key = ProbeKey(cell_id=cell_id, direction=BACKWARD, slot=SLOT_ARG, kind=KIND_NONE, path=(rank,), call=None)
+        return prefix + raw_stem(key, sep)
+
+    return null_path
 
 
 def _make_graph_path():

@@ -1,0 +1,160 @@
+"""Gradients of inputs that depend on no parameter, and inputs whose gradient cannot exist
+(issue 11 item 2), checked against ``mindspore.grad`` on the network of tests/input_grad_net.py.
+
+As msprobe 26.2's L0 dump: the backward ``output.i`` of a call is the gradient w.r.t. its
+i-th top-level tensor argument (a tuple argument takes no number); an attention-mask-like
+input gets its gradient; a call whose tensor inputs are all integer gets an explicit null
+per input and one log line per cell class.
+"""
+
+import json
+import logging
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+import mf_celldump
+from tests import formats as fmt
+from tests import input_grad_net as gn
+from tests.rawread import read_manifest, read_step
+
+CASES = [("pynative", "tensordump"), ("pynative", "host"), ("pynative", "device_stats"), ("graph", "host")]
+
+
+def _train(mode, config):
+    gn.set_mode(mode)
+    net = gn.make_net()
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+    inputs = gn.make_inputs()
+    weights = gn.snapshot(net)
+    dump = mf_celldump.attach(train, config)
+    with dump.step(0):
+        loss = train(*inputs).asnumpy()
+    dump.detach()
+    return loss, weights, dump
+
+
+def _records(dump_path):
+    rank_dir = os.path.join(dump_path, fmt.RAW_ROOT, fmt.raw_rank_dir_name(0))
+    manifest = read_manifest(rank_dir)
+    return read_step(os.path.join(rank_dir, fmt.step_dir_name(0)), manifest)
+
+
+def _expected_gradients(weights):
+    """d loss / d (each layer's mask, the head's inputs), by ``mindspore.grad`` of a fresh net."""
+    gn.set_mode("pynative")
+    net = gn.make_net(weights)
+    ids, pair, mask, labels, row_weights = gn.make_inputs()
+    other = ms.Tensor(mask.asnumpy().copy())  # a distinct tensor: PyNative autodiff tells inputs apart by object
+    masks = ms.grad(lambda m0, m1: net.forward(ids, pair, (m0, m1), labels, row_weights), grad_position=(0, 1))(
+        mask, other)
+    head_in = net.layers[1](net.layers[0](net.embed(ids) + net.embed2(ids), pair, mask), pair, mask)
+    head = ms.grad(lambda h, w: net.head(h, labels, w), grad_position=(0, 1))(head_in, row_weights)
+    return {"layers.0": masks[0].asnumpy(), "layers.1": masks[1].asnumpy(),
+            "head.0": head[0].asnumpy(), "head.2": head[1].asnumpy()}
+
+
+@pytest.mark.parametrize("mode,backend", CASES)
+def test_mask_gradient_and_int_inputs(tmp_path, caplog, mode, backend):
+    config = {"dump_path": str(tmp_path), "task": "tensor" if backend != "device_stats" else "statistics",
+              "backend": backend, "parameters": False, "process_on_train_end": False}
+    gn.set_mode(mode)
+    with caplog.at_level(logging.INFO, logger="mf_celldump"):
+        loss, weights, dump = _train(mode, config)
+    records = _records(str(tmp_path))
+    expected = _expected_gradients(weights)
+    for layer in ("layers.0", "layers.1"):
+        # (x, pair, mask): the mask is the second top-level tensor argument -> backward slot a (1,)
+        assert (layer, "backward", "a", (2,), 0) not in records
+        _check(records[(layer, "backward", "a", (1,), 0)], expected[layer], backend)
+    _check(records[("head", "backward", "a", (0,), 0)], expected["head.0"], backend)
+    _check(records[("head", "backward", "a", (2,), 0)], expected["head.2"], backend)
+    label = records[("head", "backward", "a", (1,), 0)]  # what autodiff gives an int input (msprobe records it too)
+    if backend != "device_stats":
+        assert label.dtype == np.int32 and not label.any()
+    for name in ("embed", "embed2"):  # int input only: an explicit null, no gradient
+        assert records[(name, "backward", "a", (0,), 0)]["value"] is None
+        assert (name, "forward", "a", (0,), 0) in records
+    why = [r.getMessage() for r in caplog.records if "no gradient can exist" in r.getMessage()]
+    assert len(why) == 1 and why[0].startswith("Lookup: ") and "Int32" in why[0], why
+    nested = [r.getMessage() for r in caplog.records if "inside tuple/list arguments" in r.getMessage()]
+    assert len(nested) == 1 and nested[0].startswith("Attend: ")
+    # Processed: the null stands at output.0, the mask at output.1, in dump.json.
+    dump.process()
+    with open(os.path.join(str(tmp_path), "step0", "rank", "dump.json"), encoding="utf-8") as handle:
+        data = json.load(handle)["data"]
+    # Graph mode runs nn.TrainOneStepCell's forward twice where the probes keep it from merging the loss's
+    # forward with the gradient's; the host backend's call numbers say which call got the gradient.
+    backward = {cell: [n for n in data if n.startswith(f"Cell.{cell}.Lookup.backward.")]
+                for cell in ("embed", "embed2")}
+    assert all(len(names) == 1 for names in backward.values()), backward
+    assert data[backward["embed"][0]]["output"] == [None]
+    attend = data["Cell.layers.0.Attend.backward.0"]["output"]
+    assert len(attend) == 2 and attend[1]["shape"] == [gn.ROWS, gn.HIDDEN]
+    # The null, written when the call ran forward, does not place the entry: backward entries follow the forward.
+    order = list(data)
+    for name in (backward["embed"][0], backward["embed2"][0]):
+        assert order.index(name) > order.index("Cell.head.Head.forward.0")
+
+
+def _check(record, want, backend):
+    if backend == "device_stats":
+        np.testing.assert_allclose(record["stats"]["Max"], want.max(), rtol=1e-6)
+        np.testing.assert_allclose(record["stats"]["Norm"], np.linalg.norm(want.astype(np.float64)), rtol=1e-5)
+    else:
+        np.testing.assert_array_equal(record, want)
+
+
+@pytest.mark.parametrize("mode,backend", CASES)
+def test_training_is_unchanged(tmp_path, mode, backend):
+    """The one op per call changes no number: loss and updated weights bit for bit."""
+    gn.set_mode(mode)
+    baseline = gn.make_net()
+    train = nn.TrainOneStepCell(baseline, nn.SGD(baseline.trainable_params(), 0.1))
+    want = train(*gn.make_inputs()).asnumpy()
+    config = {"dump_path": str(tmp_path), "task": "tensor" if backend != "device_stats" else "statistics",
+              "backend": backend, "process_on_train_end": False}
+    loss, _, dump = _train(mode, config)
+    np.testing.assert_array_equal(loss, want)
+
+
+@pytest.mark.parametrize("backend", ["tensordump", "kbk_statistics"])
+def test_ascend_graph_backends_number_as_msprobe_and_write_nulls(tmp_path, caplog, backend):
+    """Ascend graph mode through the CPU emulation (tests/ascend_emulation.py): input gradients go
+    through DumpGradient one by one, numbered as msprobe; a mask that depends on no parameter gets
+    none there (README, known limits: a warning says so); an int-only call gets its explicit null."""
+    from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
+    from mf_celldump.config import DumpConfig
+    from mf_celldump.integrations.run import TrainingRun
+    from tests.ascend_emulation import AscendEmulator
+
+    gn.set_mode("graph")
+    net = gn.make_net()
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+    task = "tensor" if backend == "tensordump" else "statistics"
+    emulator = AscendEmulator()
+    run = TrainingRun(DumpConfig.coerce({"dump_path": str(tmp_path), "task": task, "backend": backend,
+                                         "parameters": False}))
+    try:
+        with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, logger="mf_celldump"):
+            patch.setattr(AscendPrimitives, "from_mindspore", classmethod(lambda cls: emulator.primitives()))
+            run.ensure_attached(train)
+            run.begin_step(0)
+            train(*gn.make_inputs())
+            run.end_step()
+            summary = run.finish()
+    finally:
+        emulator.close()
+    assert summary.problems == [], summary.text()
+    with open(os.path.join(str(tmp_path), "step0", "rank", "dump.json"), encoding="utf-8") as handle:
+        data = json.load(handle)["data"]
+    for layer in ("layers.0", "layers.1"):
+        attend = data[f"Cell.{layer}.Attend.backward.0"]["output"]
+        assert len(attend) == 1 and attend[0]["shape"] == [gn.ROWS, gn.HIDDEN]  # x; the mask: known limit
+    assert data["Cell.head.Head.backward.0"]["output"][0]["shape"] == [gn.ROWS, gn.HIDDEN]
+    assert data["Cell.embed.Lookup.backward.0"]["output"] == [None]
+    assert any("DumpGradient" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    assert len([r for r in caplog.records if "no gradient can exist" in r.getMessage()]) == 1
