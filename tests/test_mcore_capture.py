@@ -626,12 +626,20 @@ def test_mcore_gpt_modes_reach_the_captured_arguments(runs, model):
     assert "layer_mapping auto: picked mcore_gpt" in run["output"]
     rank_dir = run["dump"] / fmt.RAW_ROOT / fmt.raw_rank_dir_name(0)
     names = {c["id"]: c["name"] for c in read_manifest(str(rank_dir))["cells"]}
+    parsed_names = [fmt.parse_raw_tensor_name(n) for n in os.listdir(rank_dir / fmt.step_dir_name(0))]
+    parsed_names = [p for p in parsed_names if p is not None and len(p.key.path) == 1]
+    # A backward input's path is its rank among the call's top-level tensor arguments (msprobe's numbering).
+    tensor_args = {}
+    for parsed in parsed_names:
+        if parsed.key.direction == "forward" and parsed.key.slot == "a" and parsed.key.kind == fmt.KIND_TENSOR:
+            tensor_args.setdefault(parsed.key.cell_id, set()).add(parsed.key.path[0])
     seen = {}
-    for file_name in os.listdir(rank_dir / fmt.step_dir_name(0)):
-        parsed = fmt.parse_raw_tensor_name(file_name)
-        if parsed is not None and len(parsed.key.path) == 1:
-            key = (names[parsed.key.cell_id], parsed.key.direction, parsed.key.slot, parsed.key.path[0])
-            seen.setdefault(key, set()).add("in" if parsed.in_mode else "out")
+    for parsed in parsed_names:
+        index = parsed.key.path[0]
+        if parsed.key.direction == "backward" and parsed.key.slot == "a":
+            index = sorted(tensor_args[parsed.key.cell_id])[index]
+        key = (names[parsed.key.cell_id], parsed.key.direction, parsed.key.slot, index)
+        seen.setdefault(key, set()).add("in" if parsed.in_mode else "out")
     for (cell, slot, index), mode in DECLARED[model].items():
         found = [seen[k] for k in ((cell, d, slot, index) for d in ("forward", "backward")) if k in seen]
         assert found, f"{cell} {slot}.{index}: nothing captured"
