@@ -39,3 +39,11 @@ class GradientGapLog:
             return
         self._seen.add((class_name, reason))
         logger.info("%s: " + _WHY[reason], class_name, slots, detail)
+
+
+def differentiable_dtypes() -> tuple:
+    """MindSpore dtypes that can carry a gradient (float and complex): a call whose tensor inputs have
+    none of them gets the explicit nulls."""
+    from mindspore.common import dtype as mstype
+
+    return tuple(mstype.float_type) + tuple(getattr(mstype, "complex_type", ()))

@@ -30,7 +30,7 @@ from typing import Callable, List, Optional
 
 from mf_celldump.capture.backends.base import GraphFace
 from mf_celldump.capture.generated_sources import GeneratedSources
-from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog
+from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
 from mf_celldump.capture.selection import SelectedCell
 from mf_celldump.capture.signature import ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
@@ -82,41 +82,33 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable], call_num
         return -1
 
     constants_of, constants_of_items = _constant_collectors(extend)
-    capture, capture_items, capture_output, after = _capturers(probe, extend, class_name, gaps)
-    ranked, next_rank, capture_args, tie = _input_gradients(capture, after, extend, input_gradients, class_name,
-                                                            gaps)
+    @constexpr
+    def uses_in(flags, index):
+        return flags if isinstance(flags, bool) else (index < len(flags) and flags[index])
+
+    capture, capture_items, capture_output, after = _capturers(probe, extend, uses_in, class_name, gaps)
+    ranked, next_rank, capture_args = _ranked_capturers(capture, after, extend, uses_in)
+    tie = _input_tie(input_gradients, class_name, gaps)
     return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
                          constants_of, constants_of_items, ranked, next_rank, capture_args, tie,
                          call_number or uncounted)
 
 
-def _input_gradients(capture: Callable, after: Callable, extend: Callable, record: Optional[tuple],
-                     class_name: str = "", gaps: Optional[GradientGapLog] = None):
-    """msprobe's backward numbering and its per-call tie of the inputs, in graph code.
+def _ranked_capturers(capture: Callable, after: Callable, extend: Callable, uses_in: Callable):
+    """msprobe's backward numbering in graph code: ``ranked``, ``next_rank`` and ``capture_args``.
 
     A top-level tensor positional argument gets ``head = (cell id, slot code, rank)``, its rank
     among the call's top-level tensor arguments, computed at compile time; a probe records
     its gradient as backward ``output.{rank}`` (a nested tensor gets rank -1: no gradient,
-    as msprobe records none). When the backend has a ``record`` function (host), ``tie``
-    passes the call's top-level tensor arguments, after their probes, through ONE
-    ``InsertGradientOf`` over their tuple whose function records each gradient: an input
-    that depends on no parameter gets its gradient once another input of the call does.
-    (A gradient recorded by a probe's own bprop would not do: graph autodiff builds no
-    bprop for a node none of whose inputs is differentiated, so a mask's probe never runs
-    backward.)
+    as msprobe records none).
     """
-    from mindspore import Tensor, ops
-    from mindspore.common import dtype as mstype
+    from mindspore import Tensor
     from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
     from mindspore.ops.primitive import constexpr
 
     @constexpr
     def ranked(head, rank):
         return (head[0], head[1], rank)
-
-    @constexpr
-    def uses_in(flags, index):
-        return flags if isinstance(flags, bool) else (index < len(flags) and flags[index])
 
     def next_rank(value, rank):
         if isinstance(value, Tensor):
@@ -135,9 +127,27 @@ def _input_gradients(capture: Callable, after: Callable, extend: Callable, recor
         return (first,) + capture_ranked(items[1:], head, flags, index + 1, after(items[0], note),
                                          next_rank(items[0], rank), call)
 
+    return ranked, next_rank, capture_args
+
+
+def _input_tie(record: Optional[tuple], class_name: str = "", gaps: Optional[GradientGapLog] = None) -> Callable:
+    """``tie(values) -> values``: msprobe's per-call tie of the inputs, in graph code.
+
+    When the backend has a ``record`` function (host), the call's top-level tensor
+    arguments, after their probes, pass through ONE ``InsertGradientOf`` over their tuple
+    whose function records each gradient: an input that depends on no parameter gets its
+    gradient once another input of the call does. (A gradient recorded by a probe's own
+    bprop would not do: graph autodiff builds no bprop for a node none of whose inputs is
+    differentiated, so a mask's probe never runs backward.) A call whose tensors are all
+    integer goes through the backend's ``no_gradient`` instead, which writes the nulls.
+    """
+    from mindspore import Tensor, ops
+    from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
+    from mindspore.ops.primitive import constexpr
+
     tie_op = ops.InsertGradientOf(record[0]) if record is not None and record[0] is not None else None
     no_gradient = record[1] if record is not None else None
-    float_types = tuple(mstype.float_type) + tuple(getattr(mstype, "complex_type", ()))
+    float_types = differentiable_dtypes()
 
     @constexpr
     def differentiable(dtypes):
@@ -182,7 +192,7 @@ def _input_gradients(capture: Callable, after: Callable, extend: Callable, recor
             return values
         return put_back(values, tie_op(tensors))
 
-    return ranked, next_rank, capture_args, tie
+    return tie
 
 
 def _constant_collectors(extend: Callable):
@@ -219,17 +229,14 @@ def _constant_collectors(extend: Callable):
     return constants_of, constants_of_items
 
 
-def _capturers(probe: Callable, extend: Callable, class_name: str = "", gaps: Optional[GradientGapLog] = None):
+def _capturers(probe: Callable, extend: Callable, uses_in: Callable, class_name: str = "",
+               gaps: Optional[GradientGapLog] = None):
     """``capture``, ``capture_items``, ``capture_output`` and ``after``: tensors through ``probe``
     (the call's note handed to its first tensor), everything else returned as it came."""
     from mindspore import Tensor
     from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
     from mindspore.ops.functional import isconstant
     from mindspore.ops.primitive import constexpr
-
-    @constexpr
-    def uses_in(flags, index):
-        return flags if isinstance(flags, bool) else (index < len(flags) and flags[index])
 
     def has_tensor(value):
         if isinstance(value, Tensor):

@@ -16,13 +16,14 @@ differentiable gets an explicit null per tensor input (``no_gradient``).
 from __future__ import annotations
 
 import inspect
-from typing import Callable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.capture.backends.base import PyNativeFace
-from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog
+from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell
-from mf_celldump.capture.signature import param_slots
+from mf_celldump.capture.signature import ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.keys import (
     BACKWARD,
@@ -43,11 +44,10 @@ def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFa
 
     original = selected.cell.construct
     cell_id = selected.cell_id
-    class_name = type(selected.cell).__name__
     signature = inspect.signature(original)
     slots = {slot.name: slot for slot in param_slots(original, selected.params)}
-    gaps = gaps if gaps is not None else GradientGapLog()
-    differentiable = _differentiable_dtypes()
+    tie = _InputTie(cell_id, type(selected.cell).__name__, slots, modes, face,
+                    gaps if gaps is not None else GradientGapLog(), differentiable_dtypes())
 
     def capture(value, slot: str, path: Tuple[int, ...], call: int, mode: str, grad: bool):
         if isinstance(value, (tuple, list)):
@@ -62,48 +62,6 @@ def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFa
         else:
             kind = KIND_NONE  # the backend refines the kind of a Python value
         return face.forward(value, ProbeKey(cell_id, FORWARD, slot, kind, path, call), mode)
-
-    def tensor_inputs(bound, call: int) -> List[tuple]:
-        """(where, tensor, backward key, mode) of the call's top-level tensor positional inputs, numbered
-        by their rank among them (msprobe's backward ``output.i``; keyword-only inputs keep a hook each)."""
-        found, rank = [], 0
-        for name, value in bound.arguments.items():
-            slot = slots[name]
-            if slot.kind == inspect.Parameter.VAR_POSITIONAL:
-                items = [((name, i), v, slot.index + i) for i, v in enumerate(value)]
-            elif slot.slot == SLOT_ARG:
-                items = [((name, None), value, slot.index)]
-            else:
-                continue
-            for where, item, index in items:
-                if isinstance(item, Tensor):
-                    key = ProbeKey(cell_id, BACKWARD, SLOT_ARG, KIND_TENSOR, (rank,), call)
-                    found.append((where, item, key, modes.input_mode(index)))
-                    rank += 1
-                elif isinstance(item, (tuple, list)) and _holds_tensor(item, Tensor):
-                    gaps.note(class_name, NESTED, f"input.{index}", "msprobe numbers top-level tensors")
-        return found
-
-    def tie_inputs(bound, call: int) -> None:
-        """The call's tensor inputs through one op of the backend (their gradients come together)."""
-        found = tensor_inputs(bound, call)
-        if not found:
-            return
-        if not any(item.dtype in differentiable for _, item, _, _ in found):
-            for _, _, key, mode in found:
-                face.no_gradient(key.with_kind(KIND_NONE), mode)
-            gaps.note(class_name, NOT_DIFFERENTIABLE, ", ".join(_slot_name(key) for _, _, key, _ in found),
-                      ", ".join(str(item.dtype) for _, item, _, _ in found))
-            return
-        tied = face.backward_inputs(tuple(item for _, item, _, _ in found), tuple(key for _, _, key, _ in found),
-                                    tuple(mode for _, _, _, mode in found))
-        for ((name, position), _, _, _), value in zip(found, tied):
-            if position is None:
-                bound.arguments[name] = value
-            else:
-                values = list(bound.arguments[name])
-                values[position] = value
-                bound.arguments[name] = tuple(values)
 
     def capture_arguments(bound, call: int) -> None:
         for name, value in bound.arguments.items():
@@ -126,7 +84,7 @@ def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFa
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         if backward:
-            tie_inputs(bound, call)
+            tie.apply(bound, call)
         capture_arguments(bound, call)
         out = original(*bound.args, **bound.kwargs)
         if isinstance(out, (tuple, list)):
@@ -148,7 +106,60 @@ def _slot_name(key: ProbeKey) -> str:
     return f"backward output.{key.path[0]}"
 
 
-def _differentiable_dtypes() -> tuple:
-    from mindspore.common import dtype as mstype
+@dataclass
+class _InputTie:
+    """The call's top-level tensor positional inputs through one op of the backend, so their gradients
+    come together (an input that depends on no parameter included), numbered by their rank among them
+    (msprobe's backward ``output.i``); keyword-only inputs keep a hook each."""
 
-    return tuple(mstype.float_type) + tuple(getattr(mstype, "complex_type", ()))
+    cell_id: int
+    class_name: str
+    slots: Dict[str, ParamSlot]
+    modes: ArgModes
+    face: PyNativeFace
+    gaps: GradientGapLog
+    differentiable: tuple
+
+    def inputs(self, bound, call: int) -> List[tuple]:
+        """(where, tensor, backward key, mode) of each top-level tensor positional input."""
+        from mindspore import Tensor
+
+        found, rank = [], 0
+        for name, value in bound.arguments.items():
+            slot = self.slots[name]
+            if slot.kind == inspect.Parameter.VAR_POSITIONAL:
+                items = [((name, i), v, slot.index + i) for i, v in enumerate(value)]
+            elif slot.slot == SLOT_ARG:
+                items = [((name, None), value, slot.index)]
+            else:
+                continue
+            for where, item, index in items:
+                if isinstance(item, Tensor):
+                    key = ProbeKey(self.cell_id, BACKWARD, SLOT_ARG, KIND_TENSOR, (rank,), call)
+                    found.append((where, item, key, self.modes.input_mode(index)))
+                    rank += 1
+                elif isinstance(item, (tuple, list)) and _holds_tensor(item, Tensor):
+                    self.gaps.note(self.class_name, NESTED, f"input.{index}", "msprobe numbers top-level tensors")
+        return found
+
+    def apply(self, bound, call: int) -> None:
+        """Replace the inputs in ``bound`` by the tied ones, or write a null for each when none of them
+        can have a gradient."""
+        found = self.inputs(bound, call)
+        if not found:
+            return
+        if not any(item.dtype in self.differentiable for _, item, _, _ in found):
+            for _, _, key, mode in found:
+                self.face.no_gradient(key.with_kind(KIND_NONE), mode)
+            self.gaps.note(self.class_name, NOT_DIFFERENTIABLE, ", ".join(_slot_name(key) for _, _, key, _ in found),
+                           ", ".join(str(item.dtype) for _, item, _, _ in found))
+            return
+        tied = self.face.backward_inputs(tuple(item for _, item, _, _ in found),
+                                         tuple(key for _, _, key, _ in found), tuple(mode for _, _, _, mode in found))
+        for ((name, position), _, _, _), value in zip(found, tied):
+            if position is None:
+                bound.arguments[name] = value
+            else:
+                values = list(bound.arguments[name])
+                values[position] = value
+                bound.arguments[name] = tuple(values)
