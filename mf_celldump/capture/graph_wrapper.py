@@ -32,7 +32,7 @@ from mf_celldump.capture.backends.base import GraphFace
 from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
 from mf_celldump.capture.selection import SelectedCell
-from mf_celldump.capture.signature import ParamSlot, param_slots
+from mf_celldump.capture.signature import UNPASSED, ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.keys import SLOT_ARG, SLOT_CODES, SLOT_KWARG, SLOT_OUTPUT, SLOTS
 
@@ -55,6 +55,7 @@ class _GraphHelpers:
     capture_args: Callable  # (items, head, flags, note, call) -> items captured with backward ranks
     tie: Callable  # (values) -> values, their top-level tensors through one gradient op
     call_number: Callable  # (cell_id) -> the call's number for its probes (-1: processing infers it)
+    default: Callable  # (value, original default) -> the default when the caller left the parameter out
 
 
 def _graph_helpers(probe: Callable, note_constants: Optional[Callable], call_number: Optional[Callable],
@@ -91,7 +92,19 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable], call_num
     tie = _input_tie(input_gradients, class_name, gaps)
     return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
                          constants_of, constants_of_items, ranked, next_rank, capture_args, tie,
-                         call_number or uncounted)
+                         call_number or uncounted, _default_filler())
+
+
+def _default_filler() -> Callable:
+    """``default(value, fallback)``: ``fallback`` where ``value`` is ``UNPASSED``; folded at compile time."""
+
+    def default(value, fallback):
+        if isinstance(value, str):  # noqa: SIM102 - never compare a tensor with a string in graph code
+            if value == UNPASSED:
+                return fallback
+        return value
+
+    return default
 
 
 def _ranked_capturers(capture: Callable, after: Callable, extend: Callable, uses_in: Callable):
@@ -210,6 +223,9 @@ def _constant_collectors(extend: Callable):
     def constants_of(value, slot_code, path):
         if isinstance(value, Tensor):
             return ()
+        if isinstance(value, str):  # noqa: SIM102 - never compare a tensor with a string in graph code
+            if value == UNPASSED:
+                return ()  # left out by the caller: not recorded
         if isinstance(value, (tuple, list)):
             return constants_of_items(tuple(value), slot_code, path, 0)
         if isinstance(value, dict):
@@ -330,7 +346,8 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
                                helpers: _GraphHelpers, records_constants: bool,
                                sources: GeneratedSources) -> Callable:
     """Source for a wrapper with exactly the original's parameters, compiled and registered."""
-    params, body, call, constants, positional = ["self"], [], [], [], []
+    params, body, call, constants, positional, fill = ["self"], [], [], [], [], []
+    defaults = tuple(slot.default for slot in slots if slot.default is not inspect.Parameter.empty)
     kw_only_seen = False
     for slot in slots:
         if slot.kind == inspect.Parameter.KEYWORD_ONLY and not kw_only_seen:
@@ -339,7 +356,9 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
         if slot.default is inspect.Parameter.empty:
             params.append(slot.name)
         else:
-            params.append(f"{slot.name}={_literal(slot.default) or 'None'}")
+            params.append(f"{slot.name}={UNPASSED!r}")
+            value = _literal(slot.default) or f"_mfcd_d{len(fill)}"  # else a closure variable of its own
+            fill.append(f"{slot.name} = _mfcd_default({slot.name}, {value})")
         head = heads[SLOT_ARG] if slot.slot == SLOT_ARG else heads[SLOT_KWARG]
         use_in = slot.slot == SLOT_ARG and slot.index < len(in_flags) and in_flags[slot.index]
         constants.append(f"_mfcd_constants_of({slot.name}, {head[1]!r}, ({slot.index},))")
@@ -357,6 +376,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     if positional:
         names = ", ".join(positional)
         body.append(f"({names},) = _mfcd_tie(({names},))")
+    body.extend(fill)  # after capture: an argument the caller left out is not recorded (msprobe's rule)
     if records_constants and constants:
         note = f"_mfcd_note = _mfcd_note_constants({heads[SLOT_ARG][0]!r}, {' + '.join(constants)})"
     else:
@@ -364,7 +384,8 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     lines = [
         "def _mfcd_make(_mfcd_original, _mfcd_capture, _mfcd_capture_output, _mfcd_after, _mfcd_note_constants,",
         "               _mfcd_constants_of, _mfcd_out_head, _mfcd_out_flags, _mfcd_ranked, _mfcd_next_rank,",
-        "               _mfcd_tie, _mfcd_call_number):",
+        "               _mfcd_tie, _mfcd_call_number, _mfcd_default"
+        f"{''.join(f', _mfcd_d{k}' for k in range(len(defaults)))}):",
         f"    def construct({', '.join(params)}):",
         f"        _mfcd_call = _mfcd_call_number({heads[SLOT_ARG][0]!r})",
         f"        {note}",
@@ -382,14 +403,13 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     make = namespace["_mfcd_make"]
     construct = make(original, helpers.capture, helpers.capture_output, helpers.after, helpers.note_constants,
                      helpers.constants_of, heads[SLOT_OUTPUT], out_flags, helpers.ranked, helpers.next_rank,
-                     helpers.tie, helpers.call_number)
-    positional_defaults = tuple(
-        slot.default for slot in slots
+                     helpers.tie, helpers.call_number, helpers.default, *defaults)
+    construct.__defaults__ = tuple(
+        UNPASSED for slot in slots
         if slot.kind != inspect.Parameter.KEYWORD_ONLY and slot.default is not inspect.Parameter.empty
-    )
-    construct.__defaults__ = positional_defaults or None
+    ) or None
     construct.__kwdefaults__ = {
-        slot.name: slot.default for slot in slots
+        slot.name: UNPASSED for slot in slots
         if slot.kind == inspect.Parameter.KEYWORD_ONLY and slot.default is not inspect.Parameter.empty
     } or None
     return construct

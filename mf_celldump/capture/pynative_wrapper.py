@@ -1,8 +1,8 @@
 """The PyNative capturing ``construct``: plain Python around the original.
 
 It knows the step and the call index, skips all work on steps that are not captured,
-walks any nesting of tuples, lists and dicts, and applies defaults so arguments are
-named by the signature (see ``signature``). Non-tensor values (int, float, bool,
+walks any nesting of tuples, lists and dicts, and names arguments by the signature
+(see ``signature``); a parameter the caller left at its default is not recorded. Non-tensor values (int, float, bool,
 None) are handed to the backend, which records them as values.
 
 Gradients of inputs follow msprobe 26.2's L0 convention (``gradient_gaps``): the
@@ -81,8 +81,7 @@ def pynative_construct(selected: SelectedCell, modes: ArgModes, face: PyNativeFa
         if not runtime.active:
             return original(*args, **kwargs)
         call = runtime.next_call(cell_id)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
+        bound = signature.bind(*args, **kwargs)  # no defaults applied: only what the caller passed
         if backward:
             tie.apply(bound, call)
         capture_arguments(bound, call)

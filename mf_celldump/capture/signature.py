@@ -2,7 +2,8 @@
 
 A positional-or-keyword parameter is ``input.i`` (its position) whether the caller
 passed it by position or by keyword; a keyword-only parameter is an ``input_kwargs``
-entry under its name; ``**kwargs`` passes through uncaptured.
+entry under its name; ``**kwargs`` passes through uncaptured. Only what the caller
+passed is recorded, as msprobe records a call: a parameter left at its default is not.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
 from mf_celldump.rawformat.keys import SLOT_ARG, SLOT_KWARG
+
+# The graph wrapper's default for every defaulted parameter: a string constant the compiler
+# folds, so generated code can tell at compile time that the caller left the parameter out
+# (then nothing is recorded and the original's own default is put in before the call).
+UNPASSED = "__mf_celldump_unpassed__"
 
 
 @dataclass(frozen=True)

@@ -204,31 +204,50 @@ def link_parents(entries: List[Entry]) -> None:
     """Set each entry's parent: the nearest captured ancestor cell's call in the same direction.
 
     Walking up the dotted name skips names that are not captured cells, which covers a
-    CellList/SequentialCell member (``model.layers.3`` -> ``model``). Of the ancestor's
-    calls the one chosen is the last whose first capture precedes the child's first capture.
+    CellList/SequentialCell member (``model.layers.3`` -> ``model``). Forward, the ancestor's
+    call chosen is the last whose first capture precedes the child's first capture. Backward
+    mirrors the forward tree: ``child.backward.k`` goes under the backward of the call that
+    holds ``child.forward.k``, because graph mode may record a parent's gradient after its
+    child's (capture ops with no consumer are scheduled freely); by order only where the
+    forward call is missing.
     """
     calls: Dict[Tuple[str, str], List[Entry]] = {}
     for entry in entries:  # already in execution order
         if not entry.is_parameters_grad:  # not in msprobe's construct.json, no parent
             calls.setdefault((entry.direction, entry.cell.name), []).append(entry)
-    starts = {key: [e.first for e in group] for key, group in calls.items()}
-    parent_cell: Dict[Tuple[str, str], Optional[str]] = {}
+    by_order = _parent_by_order(calls)
+    forward_parent = {(e.cell.cell_id, e.call): by_order(e) for e in entries if e.direction == naming.FORWARD}
+    backward_names = {(e.cell.name, e.call): e.name for e in entries if e.direction == naming.BACKWARD}
+    forward_entries = {e.name: e for e in entries if e.direction == naming.FORWARD}
     for entry in entries:
         if entry.is_parameters_grad:
             continue
+        if entry.direction == naming.FORWARD:
+            entry.parent = forward_parent[(entry.cell.cell_id, entry.call)]
+            continue
+        mirrored = forward_entries.get(forward_parent.get((entry.cell.cell_id, entry.call)) or "")
+        if mirrored is not None and (mirrored.cell.name, mirrored.call) in backward_names:
+            entry.parent = backward_names[(mirrored.cell.name, mirrored.call)]
+        else:
+            entry.parent = by_order(entry)
+
+
+def _parent_by_order(calls: Dict[Tuple[str, str], List[Entry]]) -> Callable[[Entry], Optional[str]]:
+    """``parent(entry)``: the last call of the nearest captured ancestor (same direction) whose
+    first capture precedes the entry's first capture."""
+    starts = {key: [e.first for e in group] for key, group in calls.items()}
+    parent_cell: Dict[Tuple[str, str], Optional[str]] = {}
+
+    def parent(entry: Entry) -> Optional[str]:
         lookup = (entry.direction, entry.cell.name)
         if lookup not in parent_cell:
-            found = None
-            if entry.cell.name:
-                for candidate in _ancestor_names(entry.cell.name):
-                    if (entry.direction, candidate) in calls:
-                        found = candidate
-                        break
-            parent_cell[lookup] = found
+            parent_cell[lookup] = next((candidate for candidate in _ancestor_names(entry.cell.name)
+                                        if (entry.direction, candidate) in calls), None) if entry.cell.name else None
         ancestor = parent_cell[lookup]
         if ancestor is None:
-            entry.parent = None
-            continue
+            return None
         key = (entry.direction, ancestor)
         index = bisect.bisect_left(starts[key], entry.first) - 1
-        entry.parent = calls[key][max(index, 0)].name
+        return calls[key][max(index, 0)].name
+
+    return parent

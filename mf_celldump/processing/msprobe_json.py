@@ -137,9 +137,14 @@ def weights_body(entry: Entry, leaves: Dict[int, object]) -> Dict[str, object]:
 
 
 def parameters_grad_body(entry: Entry, leaves: Dict[int, object]) -> dict:
-    """A ``parameters_grad`` entry: ``{weight name: [leaf]}``, as msprobe 26.2 writes it."""
-    found = sorted((c.key.path[0], weight_name(c.key.path[0], entry.cell), leaves[id(c)])
-                   for c in entry.captures if id(c) in leaves)
+    """A ``parameters_grad`` entry: ``{weight name: [leaf]}``, as msprobe 26.2 writes it.
+
+    Last declared weight first: msprobe lists the weights in the order their gradient hooks
+    fire, the reverse of their use in a cell that uses them as it declares them (Dense:
+    ``bias`` before ``weight``), and ``graph_visualize`` pairs a node's values by position.
+    """
+    found = sorted(((c.key.path[0], weight_name(c.key.path[0], entry.cell), leaves[id(c)])
+                    for c in entry.captures if id(c) in leaves), key=lambda item: item[0], reverse=True)
     return {name: [leaf] for _, name, leaf in found}
 
 
