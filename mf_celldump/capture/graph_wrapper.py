@@ -342,41 +342,58 @@ def _literal(value) -> Optional[str]:
     return None
 
 
-def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags, out_flags,
-                               helpers: _GraphHelpers, records_constants: bool,
-                               sources: GeneratedSources) -> Callable:
-    """Source for a wrapper with exactly the original's parameters, compiled and registered."""
-    params, body, call, constants, positional, fill = ["self"], [], [], [], [], []
-    defaults = tuple(slot.default for slot in slots if slot.default is not inspect.Parameter.empty)
-    kw_only_seen = False
+@dataclass
+class _WrapperText:
+    """The per-parameter pieces of a generated ``construct``'s source."""
+
+    params: List[str]  # its signature
+    body: List[str]  # captures, the tie, then the defaults put back
+    call: List[str]  # the original's arguments
+    constants: List[str]  # constants_of(...) terms of the call's note
+
+
+def _wrapper_text(slots: List[ParamSlot], heads, in_flags) -> _WrapperText:
+    """Source lines for each parameter: a defaulted one gets ``UNPASSED`` as its default and its
+    real default back after the captures, so what the caller left out is not recorded."""
+    text = _WrapperText(["self"], [], [], [])
+    positional, fill = [], []
     for slot in slots:
-        if slot.kind == inspect.Parameter.KEYWORD_ONLY and not kw_only_seen:
-            params.append("*")
-            kw_only_seen = True
+        if slot.kind == inspect.Parameter.KEYWORD_ONLY and "*" not in text.params:
+            text.params.append("*")
         if slot.default is inspect.Parameter.empty:
-            params.append(slot.name)
+            text.params.append(slot.name)
         else:
-            params.append(f"{slot.name}={UNPASSED!r}")
+            text.params.append(f"{slot.name}={UNPASSED!r}")
             value = _literal(slot.default) or f"_mfcd_d{len(fill)}"  # else a closure variable of its own
             fill.append(f"{slot.name} = _mfcd_default({slot.name}, {value})")
         head = heads[SLOT_ARG] if slot.slot == SLOT_ARG else heads[SLOT_KWARG]
         use_in = slot.slot == SLOT_ARG and slot.index < len(in_flags) and in_flags[slot.index]
-        constants.append(f"_mfcd_constants_of({slot.name}, {head[1]!r}, ({slot.index},))")
+        text.constants.append(f"_mfcd_constants_of({slot.name}, {head[1]!r}, ({slot.index},))")
         if slot.slot == SLOT_ARG:
             head_text = f"_mfcd_ranked({head!r}, _mfcd_rank)"
             positional.append(slot.name)
         else:
             head_text = repr(head)
-        body.append(f"{slot.name} = _mfcd_capture({slot.name}, {head_text}, ({slot.index},), {use_in!r}, _mfcd_note, "
-                    "_mfcd_call)")
-        body.append(f"_mfcd_note = _mfcd_after({slot.name}, _mfcd_note)")
+        text.body.append(f"{slot.name} = _mfcd_capture({slot.name}, {head_text}, ({slot.index},), {use_in!r}, "
+                         "_mfcd_note, _mfcd_call)")
+        text.body.append(f"_mfcd_note = _mfcd_after({slot.name}, _mfcd_note)")
         if slot.slot == SLOT_ARG:
-            body.append(f"_mfcd_rank = _mfcd_next_rank({slot.name}, _mfcd_rank)")
-        call.append(slot.name if slot.slot == SLOT_ARG else f"{slot.name}={slot.name}")
+            text.body.append(f"_mfcd_rank = _mfcd_next_rank({slot.name}, _mfcd_rank)")
+        text.call.append(slot.name if slot.slot == SLOT_ARG else f"{slot.name}={slot.name}")
     if positional:
         names = ", ".join(positional)
-        body.append(f"({names},) = _mfcd_tie(({names},))")
-    body.extend(fill)  # after capture: an argument the caller left out is not recorded (msprobe's rule)
+        text.body.append(f"({names},) = _mfcd_tie(({names},))")
+    text.body.extend(fill)  # after capture: an argument the caller left out is not recorded (msprobe's rule)
+    return text
+
+
+def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags, out_flags,
+                               helpers: _GraphHelpers, records_constants: bool,
+                               sources: GeneratedSources) -> Callable:
+    """Source for a wrapper with exactly the original's parameters, compiled and registered."""
+    text = _wrapper_text(slots, heads, in_flags)
+    params, body, call, constants = text.params, text.body, text.call, text.constants
+    defaults = tuple(slot.default for slot in slots if slot.default is not inspect.Parameter.empty)
     if records_constants and constants:
         note = f"_mfcd_note = _mfcd_note_constants({heads[SLOT_ARG][0]!r}, {' + '.join(constants)})"
     else:

@@ -2,8 +2,9 @@
 
 It knows the step and the call index, skips all work on steps that are not captured,
 walks any nesting of tuples, lists and dicts, and names arguments by the signature
-(see ``signature``); a parameter the caller left at its default is not recorded. Non-tensor values (int, float, bool,
-None) are handed to the backend, which records them as values.
+(see ``signature``); a parameter the caller left at its default is not recorded.
+Non-tensor values (int, float, bool, None) are handed to the backend, which records them
+as values.
 
 Gradients of inputs follow msprobe 26.2's L0 convention (``gradient_gaps``): the
 top-level tensor positional inputs of a call go through ONE backend op (``backward_inputs``), so an
