@@ -21,6 +21,7 @@ import pytest
 
 from tests.msprobe_cli import run_msprobe
 
+pytest.importorskip("msprobe")
 pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
