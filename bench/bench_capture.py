@@ -397,74 +397,69 @@ def _median_breakdown(per_step: list) -> dict:
     return out
 
 
-def worker(args) -> dict:
-    import mindspore  # noqa: F401  -- before msprobe (protobuf descriptor order)
-
-    name = args.worker
-    workdir = os.getcwd()
+def _worker_capture(name: str, args, net, train, step: int, workdir: str):
+    """What worker ``name`` measures with: (capture, dump path or None, timers or None)."""
     dump_path = os.path.join(workdir, "dump")
-    net, train = _build(args.seed)
-    n_total = args.warmup + args.inproc_baseline + 1 + args.steps
-    batches = _batches(n_total, args.seed)
-    step = 0
-
-    # 1) uncaptured warm-up, 2) same-process uncaptured baseline
-    nocap = _NoCapture()
-    _timed_steps(train, batches, nocap, step, args.warmup, None, False)
-    step += args.warmup
-    inproc = []
-    if name != "baseline":
-        inproc, _, _, _ = _timed_steps(train, batches, nocap, step, args.inproc_baseline, None, True)
-        step += args.inproc_baseline
-
-    # 3) capture on
-    interleaved = []
-    breakdown = []
-    timers = None
     if name == "baseline":
-        capture = nocap
-        dump = None
-    elif name.startswith("mf_"):
-        task = "tensor" if "tensor" in name else "statistics"
-        backend = "host" if name.endswith("_host") else None
-        timers = _install_timers("host" if backend else task, graph=False)
-        # Captured steps alternate with uncaptured ones (selection), so both see the same load.
-        selected = [step] + [step + 2 + 2 * i for i in range(args.steps)]
-        data_mode = "forward" if name.endswith("_fwd") else "all"
-        capture = _MfCapture(train, dump_path, task, backend, steps=selected, data_mode=data_mode)
-        dump = dump_path
-    else:
-        task = "tensor" if "tensor" in name else "statistics"
-        capture = _MsprobeCapture(net, dump_path, task, workdir)
-        dump = dump_path
+        return _NoCapture(), None, None
+    task = "tensor" if "tensor" in name else "statistics"
+    if not name.startswith("mf_"):
+        return _MsprobeCapture(net, dump_path, task, workdir), dump_path, None
+    backend = "host" if name.endswith("_host") else None
+    timers = _install_timers("host" if backend else task, graph=False)
+    # Captured steps alternate with uncaptured ones (selection), so both see the same load.
+    selected = [step] + [step + 2 + 2 * i for i in range(args.steps)]
+    data_mode = "forward" if name.endswith("_fwd") else "all"
+    return _MfCapture(train, dump_path, task, backend, steps=selected, data_mode=data_mode), dump_path, timers
 
-    _timed_steps(train, batches, capture, step, 1, dump, False)  # captured warm-up
-    step += 1
+
+def _measured_steps(args, train, batches, capture, step: int, dump, timers) -> dict:
+    """``args.steps`` captured steps (each after an uncaptured one of the attached network when
+    ``timers``), optionally under cProfile: their times, files, bytes, losses and breakdown."""
     profiler = None
     if args.profile:
         import cProfile
 
         profiler = cProfile.Profile()
-    times, files, nbytes, losses = [], [], [], []
+    got = {"times": [], "files": [], "nbytes": [], "losses": [], "interleaved": [], "breakdown": []}
     for _ in range(args.steps):
-        if timers is not None:  # an uncaptured step of the attached network, then a captured one
-            interleaved += _timed_steps(train, batches, capture, step, 1, dump, True)[0]
+        if timers is not None:
+            got["interleaved"] += _timed_steps(train, batches, capture, step, 1, dump, True)[0]
             step += 1
         if profiler is not None:
             profiler.enable()
-        one = _timed_steps(train, batches, capture, step, 1, dump, True, timers, breakdown=breakdown)
+        one = _timed_steps(train, batches, capture, step, 1, dump, True, timers, breakdown=got["breakdown"])
         if profiler is not None:
             profiler.disable()
         step += 1
-        for total, part in zip((times, files, nbytes, losses), one):
-            total += part
+        for field_name, part in zip(("times", "files", "nbytes", "losses"), one):
+            got[field_name] += part
     if profiler is not None:
         profiler.dump_stats(args.profile_out)
+    return got
+
+
+def worker(args) -> dict:
+    import mindspore  # noqa: F401  -- before msprobe (protobuf descriptor order)
+
+    name = args.worker
+    workdir = os.getcwd()
+    net, train = _build(args.seed)
+    batches = _batches(args.warmup + args.inproc_baseline + 1 + args.steps, args.seed)
+    # 1) uncaptured warm-up, 2) same-process uncaptured baseline, 3) capture on
+    _timed_steps(train, batches, _NoCapture(), 0, args.warmup, None, False)
+    step = args.warmup
+    inproc = []
+    if name != "baseline":
+        inproc = _timed_steps(train, batches, _NoCapture(), step, args.inproc_baseline, None, True)[0]
+        step += args.inproc_baseline
+    capture, dump, timers = _worker_capture(name, args, net, train, step, workdir)
+    _timed_steps(train, batches, capture, step, 1, dump, False)  # captured warm-up
+    got = _measured_steps(args, train, batches, capture, step + 1, dump, timers)
     capture.close()
     if timers is not None:
         timers.restore()
-    composition = _composition(dump_path) if name.startswith("mf_") else None
-
+    times, interleaved = got["times"], got["interleaved"]
     result = {
         "config": name,
         "backend": getattr(capture, "backend", None),
@@ -474,14 +469,14 @@ def worker(args) -> dict:
         "min_ms": min(times),
         "inproc_baseline_ms": inproc,
         "inproc_baseline_median_ms": stats_mod.median(inproc) if inproc else None,
-        "files_per_step": files,
-        "bytes_per_step": nbytes,
-        "losses": losses,
+        "files_per_step": got["files"],
+        "bytes_per_step": got["nbytes"],
+        "losses": got["losses"],
         "loadavg_end": os.getloadavg(),
-        "captured_per_step": composition,
+        "captured_per_step": _composition(os.path.join(workdir, "dump")) if name.startswith("mf_") else None,
         "interleaved_uncaptured_ms": interleaved,
         "interleaved_uncaptured_median_ms": stats_mod.median(interleaved) if interleaved else None,
-        "breakdown": _median_breakdown(breakdown),
+        "breakdown": _median_breakdown(got["breakdown"]),
     }
     if isinstance(capture, _MsprobeCapture):
         result["msprobe_patch"] = capture.patch
@@ -550,38 +545,27 @@ def graph_worker(args) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def micro_worker(args) -> dict:
-    """Per-call cost of each piece of mf_celldump's PyNative capture, on one activation-sized tensor.
+HOOK_MODES = (
+    "none",
+    "DumpGradient (TensorDumpBackend.pynative_backward)",
+    "InsertGradientOf(closure) + device stats (DeviceStatsBackend.pynative_backward)",
+    "InsertGradientOf(new identity closure per call)",
+    "one InsertGradientOf per key, cached across steps, hook keeps grad",
+    "Tensor.register_hook(fn) keeping grad",
+)
 
-    Uses mf_celldump's real backends (TensorDump, device_stats, host) with a real writer,
-    plus the MindSpore primitives they call, on a float32 tensor of shape
-    (batch 2, seq 64, hidden 128) = 64 KiB. Reports min and median microseconds per call
-    (min is the figure least disturbed by other load on the machine).
-    """
-    import io
 
-    import mindspore as ms
-    import numpy as np
-    from mindspore import Parameter, Tensor, nn, ops
+class _Micro:
+    """The micro worker's rows (min and median microseconds per call), printed as they come."""
 
-    from mf_celldump.capture.backends import BackendContext
-    from mf_celldump.capture.backends.device_stats import DeviceStatsBackend
-    from mf_celldump.capture.backends.host import HostBackend
-    from mf_celldump.capture.backends.tensordump import TensorDumpBackend
-    from mf_celldump.capture.runtime import CaptureRuntime
-    from mf_celldump.config import DumpConfig
-    from mf_celldump.fsutil import atomic_write_bytes, safe_join
-    from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_NONE, KIND_TENSOR, SLOT_OUTPUT, ProbeKey
-    from mf_celldump.rawformat.writer import RawWriter
-    from mf_celldump.statistics import compute_statistics
+    def __init__(self):
+        self.rows = []
 
-    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
-    rows = []
-    shape = (MODEL["batch_size"], MODEL["seq_length"], MODEL["hidden_size"])
-    x = Tensor(np.random.default_rng(0).random(shape).astype(np.float32))
-    _sync()
+    def add(self, label: str, low: float, med: float) -> None:
+        self.rows.append({"what": label, "min_us": low, "median_us": med})
+        print(f"{label:86s} min {low:9.1f} us  median {med:9.1f} us", flush=True)
 
-    def bench(label, fn, n=200, per=1):
+    def bench(self, label, fn, n=200, per=1) -> None:
         fn(0)
         _sync()
         times = []
@@ -590,10 +574,35 @@ def micro_worker(args) -> dict:
             fn(i)
             times.append((time.perf_counter() - t0) * 1e6 / per)
         _sync()
-        rows.append({"what": label, "min_us": min(times), "median_us": stats_mod.median(times)})
-        print(f"{label:86s} min {min(times):9.1f} us  median {stats_mod.median(times):9.1f} us", flush=True)
+        self.add(label, min(times), stats_mod.median(times))
 
-    def backend_of(cls, task, root):
+
+class _MicroSubjects:
+    """mf_celldump's real PyNative backends with real writers, and the tensor they are timed on."""
+
+    def __init__(self, root: str):
+        import numpy as np
+        from mindspore import Tensor
+
+        from mf_celldump.capture.backends.device_stats import DeviceStatsBackend
+        from mf_celldump.capture.backends.host import HostBackend
+        from mf_celldump.capture.backends.tensordump import TensorDumpBackend
+
+        shape = (MODEL["batch_size"], MODEL["seq_length"], MODEL["hidden_size"])
+        self.x = Tensor(np.random.default_rng(0).random(shape).astype(np.float32))
+        self.td_raw, self.td, self.writer = self._backend(TensorDumpBackend, "tensor", os.path.join(root, "td"))
+        _, self.stats, _ = self._backend(DeviceStatsBackend, "statistics", os.path.join(root, "stats"))
+        _, self.host, _ = self._backend(HostBackend, "tensor", os.path.join(root, "host"))
+        self.step_dir = self.writer.step_dir(5)
+        _sync()
+
+    @staticmethod
+    def _backend(cls, task, root):
+        from mf_celldump.capture.backends import BackendContext
+        from mf_celldump.capture.runtime import CaptureRuntime
+        from mf_celldump.config import DumpConfig
+        from mf_celldump.rawformat.writer import RawWriter
+
         config = DumpConfig.coerce({"dump_path": root, "task": task, "data_mode": "all"})
         runtime = CaptureRuntime(rank_selected=True)
         writer = RawWriter(root, 0, "micro")
@@ -603,78 +612,74 @@ def micro_worker(args) -> dict:
         backend.setup(5)
         return backend, backend.pynative(), writer
 
-    root = os.path.join(os.getcwd(), "micro")
-    td_raw, td_backend, writer = backend_of(TensorDumpBackend, "tensor", os.path.join(root, "td"))
-    _, stats_backend, _ = backend_of(DeviceStatsBackend, "statistics", os.path.join(root, "stats"))
-    _, host_backend, _ = backend_of(HostBackend, "tensor", os.path.join(root, "host"))
-    step_dir = writer.step_dir(5)
+    @staticmethod
+    def key(i, direction=None, kind=None):
+        from mf_celldump.rawformat.keys import FORWARD, KIND_TENSOR, SLOT_OUTPUT, ProbeKey
 
-    def key(i, direction=FORWARD, kind=KIND_TENSOR):
-        return ProbeKey(i % 97, direction, SLOT_OUTPUT, kind, (0,), i)
+        return ProbeKey(i % 97, direction or FORWARD, SLOT_OUTPUT, kind or KIND_TENSOR, (0,), i)
 
-    # -- backward: cost per hooked tensor, in a chain of cells ------------------------
-    links = 50
-    kept = []
-    per_key = {}
 
-    def hook_mode(h, j, mode):
-        if mode == "DumpGradient (TensorDumpBackend.pynative_backward)":
-            return td_backend.backward(h, key(j, BACKWARD), "out")
-        if mode == "InsertGradientOf(closure) + device stats (DeviceStatsBackend.pynative_backward)":
-            return stats_backend.backward(h, key(j, BACKWARD), "out")
-        if mode == "InsertGradientOf(new identity closure per call)":
+def _hook_function(mode: str, subjects: _MicroSubjects, kept: list, per_key: dict):
+    """``hook(h, j) -> h``: one way of hooking the gradient of link ``j`` of the chain."""
+    from mindspore import ops
+
+    from mf_celldump.rawformat.keys import BACKWARD
+
+    def keep(g):
+        kept.append(g)
+        return g
+
+    def hook(h, j):
+        if mode == HOOK_MODES[1]:
+            return subjects.td.backward(h, subjects.key(j, BACKWARD), "out")
+        if mode == HOOK_MODES[2]:
+            return subjects.stats.backward(h, subjects.key(j, BACKWARD), "out")
+        if mode == HOOK_MODES[3]:
 
             def identity(g):
                 return g
 
             return ops.InsertGradientOf(identity)(h)
-        if mode == "one InsertGradientOf per key, cached across steps, hook keeps grad":
-            prim = per_key.get(j)
-            if prim is None:
-
-                def keep(g):
-                    kept.append(g)
-                    return g
-
-                prim = per_key[j] = ops.InsertGradientOf(keep)
-            return prim(h)
-        if mode == "Tensor.register_hook(fn) keeping grad":
-
-            def keep_grad(g):
-                kept.append(g)
-
-            h.register_hook(keep_grad)
-            return h
+        if mode == HOOK_MODES[4]:
+            if j not in per_key:
+                per_key[j] = ops.InsertGradientOf(keep)
+            return per_key[j](h)
+        if mode == HOOK_MODES[5]:
+            h.register_hook(lambda g: kept.append(g))
         return h
 
+    return hook
+
+
+def _micro_hooks(micro: _Micro, subjects: _MicroSubjects, links: int = 50) -> None:
+    """Backward: the extra cost per hooked tensor, in a chain of ``links`` multiplications."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Parameter, Tensor, nn
+
+    kept, per_key, base = [], {}, None
+    hidden = MODEL["hidden_size"]
+
     class Chain(nn.Cell):
-        def __init__(self, mode):
+        def __init__(self, hook):
             super().__init__()
-            self.mode = mode
-            self.w = Parameter(Tensor(np.ones((shape[-1],), np.float32)), name="w")
+            self.hook = hook
+            self.w = Parameter(Tensor(np.ones((hidden,), np.float32)), name="w")
 
         def construct(self, inp):
             h = inp
             for j in range(links):
-                h = hook_mode(h * self.w, j, self.mode)
+                h = self.hook(h * self.w, j)
             return h.sum()
 
-    base = None
-    for mode in (
-        "none",
-        "DumpGradient (TensorDumpBackend.pynative_backward)",
-        "InsertGradientOf(closure) + device stats (DeviceStatsBackend.pynative_backward)",
-        "InsertGradientOf(new identity closure per call)",
-        "one InsertGradientOf per key, cached across steps, hook keeps grad",
-        "Tensor.register_hook(fn) keeping grad",
-    ):
-        net = Chain(mode)
+    for mode in HOOK_MODES:
+        net = Chain(_hook_function(mode, subjects, kept, per_key))
         grad_fn = ms.value_and_grad(net, grad_position=None, weights=net.trainable_params())
         times = []
         for rep in range(12):
             kept.clear()
             t0 = time.perf_counter()
-            _loss, grads = grad_fn(x)
+            _loss, grads = grad_fn(subjects.x)
             grads[0].asnumpy()
             _sync()
             if rep >= 2:
@@ -682,98 +687,90 @@ def micro_worker(args) -> dict:
         low, med = min(times), stats_mod.median(times)
         if base is None:
             base = low
-            label = f"fwd+bwd of a {links}-link chain (mul per link), no hook: per link"
+            micro.add(f"fwd+bwd of a {links}-link chain (mul per link), no hook: per link", low, med)
         else:
-            label = f"  + hook per link: {mode}: EXTRA per hooked tensor"
-            low, med = low - base, med - base
-        rows.append({"what": label, "min_us": low, "median_us": med})
-        print(f"{label:86s} min {low:9.1f} us  median {med:9.1f} us", flush=True)
+            micro.add(f"  + hook per link: {mode}: EXTRA per hooked tensor", low - base, med - base)
 
-    # -- pieces of the forward path ------------------------------------------------
-    bench(
-        "writer.step_dir(step) = fsutil.safe_join (2x realpath), once per value", lambda i: writer.step_dir(5)
-    )
-    bench("x * x queued (pyboost launch only)", lambda i: x * x)
-    bench("x * x then _pynative_executor.sync()  (= cost of one sync)", lambda i: (x * x, _sync()), n=100)
-    bench(
-        "x * x, 200 queued then one sync (amortised per op)",
-        lambda i: ([x * x for _ in range(200)], _sync()),
-        n=5,
-        per=200,
-    )
-    bench(
-        "ops.TensorDump()(path, x), x already computed (write only)",
-        lambda i: td_raw.primitives.dump_out(os.path.join(step_dir, f"w{i}"), x),
-    )
-    bench(
-        "y = x * x; TensorDump(path, y) (waits for y: sync + write)",
-        lambda i: td_raw.primitives.dump_out(os.path.join(step_dir, f"s{i}"), x * x),
-        n=100,
-    )
-    bench(
-        "TensorDumpPyNative.forward(x) [mf_celldump, computed x: queued, dumped at end of step]",
-        lambda i: td_backend.forward(x, key(i), "out"),
-    )
-    bench(
-        "TensorDumpPyNative.forward(None) [non-tensor value -> Tensor(0), queued]",
-        lambda i: td_backend.forward(None, key(i, kind=KIND_NONE), "out"),
-    )
-    bench(
-        "TensorDumpPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
-        lambda i: td_backend.backward(x, key(i, BACKWARD), "out"),
-        n=100,
-    )
-    bench(
-        "DeviceStatsPyNative.forward(x) [mf_celldump, computed x: queued]",
-        lambda i: stats_backend.forward(x, key(i), "out"),
-    )
-    bench(
-        "  for comparison: ops.stack of 4 computed 0-d tensors (old-style primitive; before the queue)",
-        lambda i: ops.stack([x.max(), x.min(), x.mean(), x.sum()]),
-        n=100,
-    )
-    bench(
-        "  for comparison: max,min,mean,sqrt(sum(x*x)) queued (launch only)",
-        lambda i: [x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())],
-    )
-    bench(
-        "  the same 4 reductions, 50 queued then one sync (amortised per tensor)",
-        lambda i: ([[x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())] for _ in range(50)], _sync()),
-        n=5,
-        per=50,
-    )
-    bench(
-        "DeviceStatsPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
-        lambda i: stats_backend.backward(x, key(i, BACKWARD), "out"),
-        n=100,
-    )
-    bench(
-        "alternative: x.asnumpy() + statistics.compute_statistics (numpy), computed x",
-        lambda i: compute_statistics(x.asnumpy(), ("max", "min", "mean", "norm")),
-    )
-    bench(
-        "HostPyNative.forward(x) [pyfunc Custom op, hands the array to the writer thread]",
-        lambda i: (host_backend.forward(x, key(i), "out"), _sync()),
-        n=100,
-    )
+
+def _micro_tensordump_path(micro: _Micro, subjects: _MicroSubjects) -> None:
+    """Forward pieces of the tensor task: the writer, queued ops, syncs, TensorDump."""
+    from mf_celldump.rawformat.keys import BACKWARD, KIND_NONE
+
+    x, writer, td, step_dir, key = subjects.x, subjects.writer, subjects.td, subjects.step_dir, subjects.key
+    dump_out = subjects.td_raw.primitives.dump_out
+    micro.bench("writer.step_dir(step) = fsutil.safe_join (2x realpath), once per value", lambda i: writer.step_dir(5))
+    micro.bench("x * x queued (pyboost launch only)", lambda i: x * x)
+    micro.bench("x * x then _pynative_executor.sync()  (= cost of one sync)", lambda i: (x * x, _sync()), n=100)
+    micro.bench("x * x, 200 queued then one sync (amortised per op)",
+                lambda i: ([x * x for _ in range(200)], _sync()), n=5, per=200)
+    micro.bench("ops.TensorDump()(path, x), x already computed (write only)",
+                lambda i: dump_out(os.path.join(step_dir, f"w{i}"), x))
+    micro.bench("y = x * x; TensorDump(path, y) (waits for y: sync + write)",
+                lambda i: dump_out(os.path.join(step_dir, f"s{i}"), x * x), n=100)
+    micro.bench("TensorDumpPyNative.forward(x) [mf_celldump, computed x: queued, dumped at end of step]",
+                lambda i: td.forward(x, key(i), "out"))
+    micro.bench("TensorDumpPyNative.forward(None) [non-tensor value -> Tensor(0), queued]",
+                lambda i: td.forward(None, key(i, kind=KIND_NONE), "out"))
+    micro.bench("TensorDumpPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
+                lambda i: td.backward(x, key(i, BACKWARD), "out"), n=100)
+
+
+def _micro_statistics_path(micro: _Micro, subjects: _MicroSubjects) -> None:
+    """Forward pieces of the statistics task and of the host backend, with the alternatives they replaced."""
+    import io
+
+    import numpy as np
+    from mindspore import ops
+
+    from mf_celldump.fsutil import atomic_write_bytes, safe_join
+    from mf_celldump.rawformat.keys import BACKWARD
+    from mf_celldump.statistics import compute_statistics
+
+    x, stats, host, step_dir, key = subjects.x, subjects.stats, subjects.host, subjects.step_dir, subjects.key
+    micro.bench("DeviceStatsPyNative.forward(x) [mf_celldump, computed x: queued]",
+                lambda i: stats.forward(x, key(i), "out"))
+    micro.bench("  for comparison: ops.stack of 4 computed 0-d tensors (old-style primitive; before the queue)",
+                lambda i: ops.stack([x.max(), x.min(), x.mean(), x.sum()]), n=100)
+    micro.bench("  for comparison: max,min,mean,sqrt(sum(x*x)) queued (launch only)",
+                lambda i: [x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())])
+    micro.bench("  the same 4 reductions, 50 queued then one sync (amortised per tensor)",
+                lambda i: ([[x.max(), x.min(), x.mean(), ops.sqrt((x * x).sum())] for _ in range(50)], _sync()),
+                n=5, per=50)
+    micro.bench("DeviceStatsPyNative.backward(x) fwd side [cached InsertGradientOf per key]",
+                lambda i: stats.backward(x, key(i, BACKWARD), "out"), n=100)
+    micro.bench("alternative: x.asnumpy() + statistics.compute_statistics (numpy), computed x",
+                lambda i: compute_statistics(x.asnumpy(), ("max", "min", "mean", "norm")))
+    micro.bench("HostPyNative.forward(x) [pyfunc Custom op, hands the array to the writer thread]",
+                lambda i: (host.forward(x, key(i), "out"), _sync()), n=100)
 
     def save_fsync(i):
         buffer = io.BytesIO()
         np.save(buffer, x.asnumpy(), allow_pickle=False)
         atomic_write_bytes(safe_join(step_dir, f"h{i}.npy"), buffer.getvalue())
 
-    bench(
-        "  for comparison: asnumpy + np.save to bytes + atomic_write_bytes with fsync (before the writer thread)",
-        save_fsync,
-        n=100,
-    )
-    bench(
-        "  compare: np.save(path, x.asnumpy()) (no fsync)",
-        lambda i: np.save(os.path.join(step_dir, f"n{i}.npy"), x.asnumpy(), allow_pickle=False),
-        n=100,
-    )
+    micro.bench("  for comparison: asnumpy + np.save to bytes + atomic_write_bytes with fsync (before the writer "
+                "thread)", save_fsync, n=100)
+    micro.bench("  compare: np.save(path, x.asnumpy()) (no fsync)",
+                lambda i: np.save(os.path.join(step_dir, f"n{i}.npy"), x.asnumpy(), allow_pickle=False), n=100)
 
-    return {"config": "micro", "rows": rows, "loadavg_end": os.getloadavg()}
+
+def micro_worker(args) -> dict:
+    """Per-call cost of each piece of mf_celldump's PyNative capture, on one activation-sized tensor.
+
+    Uses mf_celldump's real backends (TensorDump, device_stats, host) with a real writer,
+    plus the MindSpore primitives they call, on a float32 tensor of shape
+    (batch 2, seq 64, hidden 128) = 64 KiB. Reports min and median microseconds per call
+    (min is the figure least disturbed by other load on the machine).
+    """
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    micro = _Micro()
+    subjects = _MicroSubjects(os.path.join(os.getcwd(), "micro"))
+    _micro_hooks(micro, subjects)
+    _micro_tensordump_path(micro, subjects)
+    _micro_statistics_path(micro, subjects)
+    return {"config": "micro", "rows": micro.rows, "loadavg_end": os.getloadavg()}
 
 
 # ---------------------------------------------------------------------------
