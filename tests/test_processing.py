@@ -475,3 +475,31 @@ def test_call_inference_pairs_gradients_by_shape(dump, gqa):
         assert backward["input_args"][0]["Max"] == 30.0 + grad_of
         assert backward["output"][0]["Max"] == 40.0 + grad_of
         assert backward["input_args"][0]["shape"] == forward["output"][0]["shape"]
+
+
+def test_backward_parents_mirror_the_forward_tree(dump):
+    """``child.backward.k`` goes under the backward of the call holding ``child.forward.k``, even when
+    graph mode records the parent's gradient after the child's (capture ops with no consumer are
+    scheduled freely): order alone would put the child under the parent's other call."""
+    b = RawDumpBuilder(dump)
+    scale = b.cell("scale", "Scale", ("x",))
+    dense = b.cell("scale.dense", "Dense", ("x",))
+    b.write_manifest()
+    s = b.step(0)
+    for k in range(2):
+        s.tensor(scale, F, A, (0,), np.full((2,), 1.0 + k, np.float32), call=k)
+        s.tensor(dense, F, A, (0,), np.full((2,), 2.0 + k, np.float32), call=k)
+        s.tensor(dense, F, OUT, (0,), np.full((2,), 3.0 + k, np.float32), call=k)
+        s.tensor(scale, F, OUT, (0,), np.full((2,), 4.0 + k, np.float32), call=k)
+    # backward as graph mode wrote it: call 1's parent first, then both children, then call 0's parent
+    s.tensor(scale, B, OUT, (0,), np.full((2,), 5.0, np.float32), call=1)
+    s.tensor(dense, B, OUT, (0,), np.full((2,), 6.0, np.float32), call=1)
+    s.tensor(dense, B, OUT, (0,), np.full((2,), 7.0, np.float32), call=0)
+    s.tensor(scale, B, OUT, (0,), np.full((2,), 8.0, np.float32), call=0)
+    s.done(0)
+    assert process_dump(dump, jobs=1).ok
+    construct = read_output(dump, 0)["construct"]
+    for d in ("forward", "backward"):
+        for k in range(2):
+            assert construct[f"Cell.scale.dense.Dense.{d}.{k}"] == f"Cell.scale.Scale.{d}.{k}"
+            assert construct[f"Cell.scale.Scale.{d}.{k}"] is None
