@@ -218,18 +218,24 @@ def test_construct_nesting_celllist_and_backward_parents(dump):
     assert stack == ["File /src/synthetic_model.py, line 4, in tests.synthetic_model.Attention"]
 
 
+def _two_nested_forward_calls(s, outer, inner, explicit):
+    """Two forward calls of ``outer``, each calling ``inner`` once: inputs 10+k / 20+k, outputs 30+k / 40+k;
+    call numbers written (``explicit``) or left to processing."""
+    for k in range(2):
+        call = k if explicit else None
+        s.tensor(outer, F, A, (0,), np.full((2,), 10.0 + k, np.float32), call=call)
+        s.tensor(inner, F, A, (0,), np.full((2,), 20.0 + k, np.float32), call=call)
+        s.tensor(inner, F, OUT, (0,), np.full((2,), 30.0 + k, np.float32), call=call)
+        s.tensor(outer, F, OUT, (0,), np.full((2,), 40.0 + k, np.float32), call=call)
+
+
 def test_call_inference_forward_and_backward_reverse_rule(dump):
     b = RawDumpBuilder(dump)
     outer = b.cell("outer", "Outer", ("x",))
     inner = b.cell("outer.inner", "Inner", ("x",))
     b.write_manifest()
     s = b.step(0)
-    # two forward calls of outer, each calling inner; unknown call numbers ("nx")
-    for k in range(2):
-        s.tensor(outer, F, A, (0,), np.full((2,), 10.0 + k, np.float32))
-        s.tensor(inner, F, A, (0,), np.full((2,), 20.0 + k, np.float32))
-        s.tensor(inner, F, OUT, (0,), np.full((2,), 30.0 + k, np.float32))
-        s.tensor(outer, F, OUT, (0,), np.full((2,), 40.0 + k, np.float32))
+    _two_nested_forward_calls(s, outer, inner, explicit=False)  # unknown call numbers ("nx")
     # backward runs in reverse: the gradient of forward call 1 comes first
     for k in (1, 0):
         s.tensor(outer, B, OUT, (0,), np.full((2,), 50.0 + k, np.float32))
@@ -486,11 +492,7 @@ def test_backward_parents_mirror_the_forward_tree(dump):
     dense = b.cell("scale.dense", "Dense", ("x",))
     b.write_manifest()
     s = b.step(0)
-    for k in range(2):
-        s.tensor(scale, F, A, (0,), np.full((2,), 1.0 + k, np.float32), call=k)
-        s.tensor(dense, F, A, (0,), np.full((2,), 2.0 + k, np.float32), call=k)
-        s.tensor(dense, F, OUT, (0,), np.full((2,), 3.0 + k, np.float32), call=k)
-        s.tensor(scale, F, OUT, (0,), np.full((2,), 4.0 + k, np.float32), call=k)
+    _two_nested_forward_calls(s, scale, dense, explicit=True)
     # backward as graph mode wrote it: call 1's parent first, then both children, then call 0's parent
     s.tensor(scale, B, OUT, (0,), np.full((2,), 5.0, np.float32), call=1)
     s.tensor(dense, B, OUT, (0,), np.full((2,), 6.0, np.float32), call=1)
