@@ -122,10 +122,7 @@ class DeviceStatsPyNative(PyNativeFace):
         return hooked
 
     def backward_inputs(self, tensors, keys, modes):
-        hooked = self.gradient_hooks.apply_many(tensors, keys, ("out",) * len(keys))
-        for tensor, result in zip(tensors, hooked):
-            self.aliases.hooked(tensor, result)
-        return hooked
+        return self.aliases.hooked_all(tensors, self.gradient_hooks.apply_many(tensors, keys, ("out",) * len(keys)))
 
     def no_gradient(self, key: ProbeKey, mode: str) -> None:
         if self.backend.context.runtime.active:

@@ -87,3 +87,9 @@ class ParameterAliases:
         """``result`` is ``tensor`` passed through a gradient hook."""
         if result is not tensor and self.is_parameter(tensor):
             self._current()[id(result)] = result
+
+    def hooked_all(self, tensors: Tuple, results: Tuple) -> Tuple:
+        """``hooked`` for each of a call's tied inputs; returns ``results``."""
+        for tensor, result in zip(tensors, results):
+            self.hooked(tensor, result)
+        return results

@@ -231,10 +231,7 @@ class TensorDumpPyNative(PyNativeFace):
         return hooked
 
     def backward_inputs(self, tensors, keys, modes):
-        hooked = self.gradient_hooks.apply_many(tensors, keys, modes)
-        for tensor, result in zip(tensors, hooked):
-            self.aliases.hooked(tensor, result)
-        return hooked
+        return self.aliases.hooked_all(tensors, self.gradient_hooks.apply_many(tensors, keys, modes))
 
     def no_gradient(self, key: ProbeKey, mode: str) -> None:
         # Travels as a scalar file like the forward non-tensor values; its kind (None) makes it a null.
