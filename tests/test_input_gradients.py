@@ -122,10 +122,11 @@ def test_training_is_unchanged(tmp_path, mode, backend):
 
 
 @pytest.mark.parametrize("backend", ["tensordump", "kbk_statistics"])
-def test_ascend_graph_backends_number_as_msprobe_and_write_nulls(tmp_path, caplog, backend):
+def test_ascend_graph_backends_record_mask_gradients_and_nulls(tmp_path, caplog, backend):
     """Ascend graph mode through the CPU emulation (tests/ascend_emulation.py): input gradients go
-    through DumpGradient one by one, numbered as msprobe; a mask that depends on no parameter gets
-    none there (README, known limits: a warning says so); an int-only call gets its explicit null."""
+    through DumpGradient, numbered as msprobe, behind one tie per call that keeps a mask's record
+    alive, so the mask that depends on no parameter gets its gradient (equal to ``mindspore.grad``);
+    an int-only call gets its explicit null."""
     from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
     from mf_celldump.config import DumpConfig
     from mf_celldump.integrations.run import TrainingRun
@@ -133,6 +134,7 @@ def test_ascend_graph_backends_number_as_msprobe_and_write_nulls(tmp_path, caplo
 
     gn.set_mode("graph")
     net = gn.make_net()
+    weights = gn.snapshot(net)
     train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
     task = "tensor" if backend == "tensordump" else "statistics"
     emulator = AscendEmulator()
@@ -151,10 +153,27 @@ def test_ascend_graph_backends_number_as_msprobe_and_write_nulls(tmp_path, caplo
     assert summary.problems == [], summary.text()
     with open(os.path.join(str(tmp_path), "step0", "rank", "dump.json"), encoding="utf-8") as handle:
         data = json.load(handle)["data"]
+    expected = _expected_gradients(weights)
     for layer in ("layers.0", "layers.1"):
         attend = data[f"Cell.{layer}.Attend.backward.0"]["output"]
-        assert len(attend) == 1 and attend[0]["shape"] == [gn.ROWS, gn.HIDDEN]  # x; the mask: known limit
-    assert data["Cell.head.Head.backward.0"]["output"][0]["shape"] == [gn.ROWS, gn.HIDDEN]
+        assert len(attend) == 2 and attend[0]["shape"] == attend[1]["shape"] == [gn.ROWS, gn.HIDDEN]
+        _check_processed(attend[1], expected[layer], str(tmp_path))
+    head = data["Cell.head.Head.backward.0"]["output"]
+    assert len(head) == 3 and head[0]["shape"] == [gn.ROWS, gn.HIDDEN]
+    _check_processed(head[0], expected["head.0"], str(tmp_path))
+    _check_processed(head[2], expected["head.2"], str(tmp_path))
+    assert head[1]["dtype"] == "Int32" and head[1]["Max"] == 0  # the int label: what autodiff gives it
     assert data["Cell.embed.Lookup.backward.0"]["output"] == [None]
-    assert any("DumpGradient" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    assert not any("DumpGradient" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     assert len([r for r in caplog.records if "no gradient can exist" in r.getMessage()]) == 1
+
+
+def _check_processed(entry, want, dump_path):
+    """A processed dump.json tensor entry against the expected array: its file when saved, else its statistics."""
+    if entry.get("data_name"):
+        array = np.load(os.path.join(dump_path, "step0", "rank", "dump_tensor_data", entry["data_name"]),
+                        allow_pickle=False)
+        np.testing.assert_array_equal(array, want)
+        return
+    np.testing.assert_allclose(entry["Max"], want.max(), rtol=1e-6)
+    np.testing.assert_allclose(entry["Norm"], np.linalg.norm(want.astype(np.float64)), rtol=1e-5)

@@ -28,7 +28,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from mf_celldump.capture.backends.base import GraphFace
+from mf_celldump.capture.backends.base import GraphFace, InputTie
 from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
 from mf_celldump.capture.selection import SelectedCell
@@ -53,13 +53,14 @@ class _GraphHelpers:
     ranked: Callable  # (head, rank) -> head + (rank,): a top-level positional input's backward rank
     next_rank: Callable  # (value, rank) -> rank + 1 if value is a tensor
     capture_args: Callable  # (items, head, flags, note, call) -> items captured with backward ranks
-    tie: Callable  # (values) -> values, their top-level tensors through one gradient op
+    tie_first: Callable  # (values) -> values, their top-level tensors through one gradient op, before the probes
+    tie: Callable  # (values) -> values, the same after the probes (one of the two passes values through)
     call_number: Callable  # (cell_id) -> the call's number for its probes (-1: processing infers it)
     default: Callable  # (value, original default) -> the default when the caller left the parameter out
 
 
 def _graph_helpers(probe: Callable, note_constants: Optional[Callable], call_number: Optional[Callable],
-                   input_gradients: Optional[tuple] = None, class_name: str = "",
+                   input_tie: Optional[InputTie] = None, class_name: str = "",
                    gaps: Optional[GradientGapLog] = None) -> _GraphHelpers:
     """Graph-parsable helpers shared by both graph wrapper shapes.
 
@@ -89,9 +90,10 @@ def _graph_helpers(probe: Callable, note_constants: Optional[Callable], call_num
 
     capture, capture_items, capture_output, after = _capturers(probe, extend, uses_in, class_name, gaps)
     ranked, next_rank, capture_args = _ranked_capturers(capture, after, extend, uses_in)
-    tie = _input_tie(input_gradients, class_name, gaps)
+    tie = _input_tie(input_tie, class_name, gaps)
+    tie_first, tie_last = (tie, _untied) if input_tie is not None and input_tie.before_probes else (_untied, tie)
     return _GraphHelpers(capture, capture_items, capture_output, after, note_constants or no_note,
-                         constants_of, constants_of_items, ranked, next_rank, capture_args, tie,
+                         constants_of, constants_of_items, ranked, next_rank, capture_args, tie_first, tie_last,
                          call_number or uncounted, _default_filler())
 
 
@@ -143,23 +145,26 @@ def _ranked_capturers(capture: Callable, after: Callable, extend: Callable, uses
     return ranked, next_rank, capture_args
 
 
-def _input_tie(record: Optional[tuple], class_name: str = "", gaps: Optional[GradientGapLog] = None) -> Callable:
+def _untied(values):
+    return values
+
+
+def _input_tie(record: Optional[InputTie], class_name: str = "", gaps: Optional[GradientGapLog] = None) -> Callable:
     """``tie(values) -> values``: msprobe's per-call tie of the inputs, in graph code.
 
-    When the backend has a ``record`` function (host), the call's top-level tensor
-    arguments, after their probes, pass through ONE ``InsertGradientOf`` over their tuple
-    whose function records each gradient: an input that depends on no parameter gets its
-    gradient once another input of the call does. (A gradient recorded by a probe's own
-    bprop would not do: graph autodiff builds no bprop for a node none of whose inputs is
-    differentiated, so a mask's probe never runs backward.) A call whose tensors are all
-    integer goes through the backend's ``no_gradient`` instead, which writes the nulls.
+    The call's top-level tensor arguments pass through ONE ``InsertGradientOf`` over their
+    tuple (``InputTie``): an input that depends on no parameter gets its gradient once
+    another input of the call does. (A probe's own bprop alone would not do: graph autodiff
+    builds no bprop for a node none of whose inputs is differentiated, so a mask's probe
+    never runs backward.) A call whose tensors are all integer goes through the backend's
+    ``no_gradient`` instead, which writes the nulls.
     """
     from mindspore import Tensor, ops
     from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
     from mindspore.ops.primitive import constexpr
 
-    tie_op = ops.InsertGradientOf(record[0]) if record is not None and record[0] is not None else None
-    no_gradient = record[1] if record is not None else None
+    tie_op = ops.InsertGradientOf(record.on_gradients) if record is not None else None
+    no_gradient = record.no_gradient if record is not None else None
     float_types = differentiable_dtypes()
 
     @constexpr
@@ -201,8 +206,6 @@ def _input_tie(record: Optional[tuple], class_name: str = "", gaps: Optional[Gra
             return values
         if not differentiable(dtypes_of(tensors)):
             return put_back(values, no_gradient(tensors))
-        if tie_op is None:
-            return values
         return put_back(values, tie_op(tensors))
 
     return tie
@@ -347,7 +350,7 @@ class _WrapperText:
     """The per-parameter pieces of a generated ``construct``'s source."""
 
     params: List[str]  # its signature
-    body: List[str]  # captures, the tie, then the defaults put back
+    body: List[str]  # the tie before or after the captures, then the defaults put back
     call: List[str]  # the original's arguments
     constants: List[str]  # constants_of(...) terms of the call's note
 
@@ -382,6 +385,7 @@ def _wrapper_text(slots: List[ParamSlot], heads, in_flags) -> _WrapperText:
         text.call.append(slot.name if slot.slot == SLOT_ARG else f"{slot.name}={slot.name}")
     if positional:
         names = ", ".join(positional)
+        text.body.insert(0, f"({names},) = _mfcd_tie_first(({names},))")
         text.body.append(f"({names},) = _mfcd_tie(({names},))")
     text.body.extend(fill)  # after capture: an argument the caller left out is not recorded (msprobe's rule)
     return text
@@ -401,7 +405,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     lines = [
         "def _mfcd_make(_mfcd_original, _mfcd_capture, _mfcd_capture_output, _mfcd_after, _mfcd_note_constants,",
         "               _mfcd_constants_of, _mfcd_out_head, _mfcd_out_flags, _mfcd_ranked, _mfcd_next_rank,",
-        "               _mfcd_tie, _mfcd_call_number, _mfcd_default"
+        "               _mfcd_tie_first, _mfcd_tie, _mfcd_call_number, _mfcd_default"
         f"{''.join(f', _mfcd_d{k}' for k in range(len(defaults)))}):",
         f"    def construct({', '.join(params)}):",
         f"        _mfcd_call = _mfcd_call_number({heads[SLOT_ARG][0]!r})",
@@ -420,7 +424,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     make = namespace["_mfcd_make"]
     construct = make(original, helpers.capture, helpers.capture_output, helpers.after, helpers.note_constants,
                      helpers.constants_of, heads[SLOT_OUTPUT], out_flags, helpers.ranked, helpers.next_rank,
-                     helpers.tie, helpers.call_number, helpers.default, *defaults)
+                     helpers.tie_first, helpers.tie, helpers.call_number, helpers.default, *defaults)
     construct.__defaults__ = tuple(
         UNPASSED for slot in slots
         if slot.kind != inspect.Parameter.KEYWORD_ONLY and slot.default is not inspect.Parameter.empty
@@ -442,7 +446,7 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
     arg_head, out_head = heads[SLOT_ARG], heads[SLOT_OUTPUT]
     cell_id = arg_head[0]
     capture, capture_output = helpers.capture, helpers.capture_output
-    capture_args, tie = helpers.capture_args, helpers.tie
+    capture_args, tie_first, tie = helpers.capture_args, helpers.tie_first, helpers.tie
     after, note_constants, call_number = helpers.after, helpers.note_constants, helpers.call_number
     constants_of, constants_of_items = helpers.constants_of, helpers.constants_of_items
 
@@ -488,7 +492,7 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
         if records_constants:
             note = note_constants(cell_id, constants_of_items(args, arg_head[1], (), 0)
                                   + kwargs_constants(kwargs, tuple(kwargs.keys())))
-        new_args = tie(capture_args(args, arg_head, in_flags, note, call))
+        new_args = tie(capture_args(tie_first(args), arg_head, in_flags, note, call))
         new_kwargs = capture_kwargs(kwargs, tuple(kwargs.keys()), after(args, note), call)
         out = original(*new_args, **new_kwargs)
         return capture_output(out, out_head, out_flags, kwargs_after(kwargs, tuple(kwargs.keys()), after(args, note)),

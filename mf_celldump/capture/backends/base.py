@@ -108,18 +108,30 @@ class GraphFace(ABC):
         return None
 
     def input_gradients_function(self) -> Optional[Callable]:
-        """``for_cell(cell_id) -> (record, no_gradient)``, both graph-parsable: ``record(gradients) ->
-        gradients`` is given to one ``InsertGradientOf`` per cell that ties each call's top-level
-        tensor positional arguments (``graph_wrapper``), ``gradients[i]`` being the one w.r.t. the
-        i-th of them (msprobe's ``backward.output.i``); ``no_gradient(tensors) -> tensors`` runs in a
-        call whose tensor inputs are all integer and writes a null for each. ``record`` None: the
-        probes record input gradients one by one; the whole function None: neither."""
+        """``for_cell(cell_id) -> InputTie``: how each call of that cell ties its top-level tensor
+        positional arguments (``graph_wrapper``); None: this backend records no input gradients."""
         return None
 
     def gradient_probe_function(self) -> Optional[Callable]:
         """``probe(value, head, path) -> value`` recording a tensor that is itself a gradient (what the
         optimizer receives) as a backward value when it runs; None if the backend cannot."""
         return None
+
+
+@dataclass(frozen=True)
+class InputTie:
+    """One ``InsertGradientOf`` per call over the tuple of its top-level tensor positional arguments
+    (graph mode), so an input that depends on no parameter (an attention mask) is on the gradient
+    path as soon as another input of the call is; graph-parsable functions."""
+
+    # (gradients) -> gradients, ``gradients[i]`` w.r.t. the i-th of those tensors (msprobe's
+    # ``backward.output.i``): the function of the call's ``InsertGradientOf``.
+    on_gradients: Callable
+    # (tensors) -> tensors, run instead in a call whose tensor inputs are all integer: the nulls.
+    no_gradient: Callable
+    # True: the tie comes before the inputs' probes, whose own bprops record the gradients; the tie
+    # only keeps them alive. False: after the probes, and ``on_gradients`` records.
+    before_probes: bool = False
 
 
 class CaptureBackend:

@@ -46,7 +46,7 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops.primitive import constexpr
 
-from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
+from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
 from mf_celldump.dtypes import dtype_names, mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.rawformat.keys import (
@@ -383,7 +383,7 @@ class HostGraph(GraphFace):
                 no_gradient(tensors, 0)
                 return tensors
 
-            return on_gradients, on_no_gradient
+            return InputTie(on_gradients, on_no_gradient)
 
         return for_cell
 

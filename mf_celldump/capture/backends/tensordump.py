@@ -29,7 +29,7 @@ from mindspore import Parameter, Tensor, ops
 from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
-from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, PyNativeFace
+from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.rawformat.keys import (
@@ -167,10 +167,6 @@ class TensorDumpBackend(CaptureBackend):
         return self._face
 
     def graph(self) -> GraphFace:
-        if self.config.captures_backward:
-            logger.warning("%s backend, graph mode: input gradients are recorded one tensor at a time through "
-                           "DumpGradient, so an input that depends on no parameter (an attention mask) gets no "
-                           "gradient here, where msprobe's PyNative dump has one (README, known limits)", self.name)
         return TensorDumpGraph(self)
 
 
@@ -277,14 +273,29 @@ class TensorDumpGraph(GraphFace):
         return graph_probe
 
     def input_gradients_function(self) -> Optional[Callable]:
-        """No tie: input gradients go through DumpGradient one by one (README, known limits); a call
-        with only integer tensor inputs writes a null per input (a scalar file of kind None)."""
+        """The inputs' DumpGradient probes record their gradients; a tie placed before them keeps each
+        record alive: its function makes every gradient of the call depend on all of them.
+
+        DumpGradient's bprop (MindSpore 2.9 ``grad_debug_ops.py`` ``get_bprop_dump_gradient``) joins its
+        TensorDump (``side_effect_io`` False) to the gradient it returns by ``depend`` only, so when that
+        gradient is used by nothing (a mask from the batch) the dump goes with it. Graph autodiff builds
+        no bprop at all for a probe none of whose inputs is differentiated; after the tie, a mask's
+        probe takes the tie's output, which depends on the call's other inputs. A call whose tensor
+        inputs are all integer writes a null per input (a scalar file of kind None)."""
         if not self.backend.config.captures_backward:
             return None
         dump_out, depend = self.backend.primitives.dump_out, ops.depend
         prefix = self.backend.context.writer.placeholder_step_dir() + os.sep
         sep = self.backend.stem_separator
         null_path = _make_null_path()
+
+        def joined(gradients, anchor):
+            if not gradients:
+                return ()
+            return (depend(gradients[0], anchor),) + joined(gradients[1:], anchor)
+
+        def on_gradients(gradients):
+            return joined(gradients, gradients)
 
         def for_cell(cell_id):
             def no_gradient(tensors, rank):
@@ -296,7 +307,7 @@ class TensorDumpGraph(GraphFace):
             def on_no_gradient(tensors):
                 return no_gradient(tensors, 0)
 
-            return None, on_no_gradient
+            return InputTie(on_gradients, on_no_gradient, before_probes=True)
 
         return for_cell
 
