@@ -45,7 +45,7 @@ def test_every_invariant_passes(acceptance):
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert not [line for line in lines if line.startswith("FAIL")]
     assert len([line for line in lines if line.startswith("PASS")]) >= 20
-    for text in ("tensor run: exactly step1, step3 step folders", "equal to the PyNative run's",
+    for text in ("tensor run: exactly step1, step3 step folders", "equal to the PyNative run's", "0 gradients missing",
                  "statistics run: step1 has", "resumed run: exactly step6, step8", "past run: steps 1,3"):
         assert any(line.startswith("PASS") and text in line for line in lines), text
 
