@@ -177,3 +177,56 @@ def _check_processed(entry, want, dump_path):
         return
     np.testing.assert_allclose(entry["Max"], want.max(), rtol=1e-6)
     np.testing.assert_allclose(entry["Norm"], np.linalg.norm(want.astype(np.float64)), rtol=1e-5)
+
+
+class Route(nn.Cell):
+    """A router: float weights and the int index of the largest (like DeepSeek-V3's TopKRouter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(gn.HIDDEN, gn.HIDDEN)
+
+    def construct(self, x):
+        probs = ms.ops.softmax(self.dense(x), -1)
+        return probs, ms.ops.argmax(probs, -1).astype(ms.int32)
+
+
+class Routed(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.route = Route()
+
+    def construct(self, x):
+        probs, index = self.route(x)
+        return (probs * ms.ops.cast(index, ms.float32).expand_dims(-1)).sum()
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_int_output_gradient_in_graph_mode_is_logged(tmp_path, caplog, mode):
+    """Graph-mode autodiff sends no gradient to an int output, where PyNative records the int gradient the
+    consumer sends back (here through a Cast): graph mode says so once per cell class; the slot stays empty."""
+    gn.set_mode(mode)
+    net = Routed()
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+    x = ms.Tensor(np.random.RandomState(0).rand(gn.ROWS, gn.HIDDEN).astype(np.float32))
+    config = {"dump_path": str(tmp_path), "task": "tensor", "backend": "host", "parameters": False,
+              "process_on_train_end": False}
+    with caplog.at_level(logging.INFO, logger="mf_celldump"):
+        dump = mf_celldump.attach(train, config)
+        with dump.step(0):
+            train(x).asnumpy()
+        dump.detach()
+        train(x).asnumpy()  # a second compile after detach logs nothing more
+    records = _records(str(tmp_path))
+    why = [r.getMessage() for r in caplog.records if "no gradient to its integer outputs" in r.getMessage()]
+    probs = records[("route", "backward", "o", (0,), 0)]
+    assert probs.shape == (gn.ROWS, gn.HIDDEN) and probs.dtype == np.float32
+    if mode == "graph":
+        assert why == ["Route: graph-mode autodiff sends no gradient to its integer outputs backward input.1 "
+                       "(Int32): nothing is recorded there, where PyNative (like msprobe) records the int "
+                       "gradient a consumer sends back"]
+        assert ("route", "backward", "o", (1,), 0) not in records
+    else:
+        assert why == []
+        index = records[("route", "backward", "o", (1,), 0)]  # through Cast's bprop: the float gradient, truncated
+        assert index.dtype == np.int32 and index.shape == (gn.ROWS,)
