@@ -19,15 +19,12 @@ logger = logging.getLogger(__name__)
 
 NOT_DIFFERENTIABLE = "not-differentiable"
 NESTED = "nested"
-INT_OUTPUT = "int-output"
 
 _WHY = {
     NOT_DIFFERENTIABLE: ("no gradient can exist for its tensor inputs %s (%s: no floating-point tensor among "
                          "the call's inputs); written as null"),
     NESTED: ("gradients of tensors inside tuple/list arguments %s (%s) are not recorded, as msprobe records none; "
              "backward output indices count top-level tensor arguments only"),
-    INT_OUTPUT: ("graph-mode autodiff sends no gradient to its integer outputs %s (%s): nothing is recorded there, "
-                 "where PyNative (like msprobe) records the int gradient a consumer sends back"),
 }
 
 

@@ -30,13 +30,7 @@ from typing import Callable, List, Optional
 
 from mf_celldump.capture.backends.base import GraphFace, InputTie
 from mf_celldump.capture.generated_sources import GeneratedSources
-from mf_celldump.capture.gradient_gaps import (
-    INT_OUTPUT,
-    NESTED,
-    NOT_DIFFERENTIABLE,
-    GradientGapLog,
-    differentiable_dtypes,
-)
+from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
 from mf_celldump.capture.selection import SelectedCell
 from mf_celldump.capture.signature import UNPASSED, ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
@@ -299,22 +293,13 @@ def _capturers(probe: Callable, extend: Callable, uses_in: Callable, class_name:
             gaps.note(class_name, NESTED, f"input.{head[2]}", "msprobe numbers top-level tensors")
         return (head[0], head[1], -1) if len(head) > 2 else head
 
-    output_code, float_types = SLOT_CODES[SLOT_OUTPUT], differentiable_dtypes()
-
-    @constexpr
-    def checked(head, path, dtype):
-        # Compile time: graph autodiff sends no gradient to an integer output; say so once per class.
-        if head[1] == output_code and dtype not in float_types and gaps is not None:
-            gaps.note(class_name, INT_OUTPUT, "backward input." + ".".join(str(i) for i in path), str(dtype))
-        return head
-
     def capture(value, head, path, use_in, note, call):
         if isinstance(value, tuple):
             return capture_items(value, nested(head, has_tensor(value)), path, use_in, 0, note, call)
         if isinstance(value, list):
             return list(capture_items(tuple(value), nested(head, has_tensor(value)), path, use_in, 0, note, call))
         if isinstance(value, Tensor):
-            return probe(value, checked(head, path, value.dtype), path, use_in, note, call)
+            return probe(value, head, path, use_in, note, call)
         if isconstant(value):
             return value  # the same object: a compile-time constant stays one
         return probe(value, head, path, use_in, 0)  # a variable scalar (``mutable``)

@@ -182,8 +182,7 @@ class CellDump:
         for selected in self.cells:
             arg_modes = modes.get(selected.name, DEFAULT_MODES)
             if graph_mode:
-                construct = graph_construct(selected, arg_modes, face, self._sources,
-                                            gaps if self.config.captures_backward else None)
+                construct = graph_construct(selected, arg_modes, face, self._sources, gaps)
             else:
                 construct = pynative_construct(selected, arg_modes, face, self.runtime,
                                                self.config.captures_forward, self.config.captures_backward, gaps)
