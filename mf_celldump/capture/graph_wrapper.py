@@ -149,7 +149,7 @@ def _untied(values):
     return values
 
 
-def _input_tie(record: Optional[InputTie], class_name: str = "", gaps: Optional[GradientGapLog] = None) -> Callable:
+def _input_tie(input_tie: Optional[InputTie], class_name: str = "", gaps: Optional[GradientGapLog] = None) -> Callable:
     """``tie(values) -> values``: msprobe's per-call tie of the inputs, in graph code.
 
     The call's top-level tensor arguments pass through ONE ``InsertGradientOf`` over their
@@ -163,8 +163,8 @@ def _input_tie(record: Optional[InputTie], class_name: str = "", gaps: Optional[
     from mindspore.ops.functional import is_sequence_shape_unknown as is_dynamic_length
     from mindspore.ops.primitive import constexpr
 
-    tie_op = ops.InsertGradientOf(record.on_gradients) if record is not None else None
-    no_gradient = record.no_gradient if record is not None else None
+    tie_op = ops.InsertGradientOf(input_tie.on_gradients) if input_tie is not None else None
+    no_gradient = input_tie.no_gradient if input_tie is not None else None
     float_types = differentiable_dtypes()
 
     @constexpr
