@@ -477,7 +477,7 @@ def worker(args) -> dict:
         "interleaved_uncaptured_ms": interleaved,
         "interleaved_uncaptured_median_ms": stats_mod.median(interleaved) if interleaved else None,
         "breakdown": _median_breakdown(got["breakdown"]),
-        "interleaved_ratio_95ci": _ratio_interval(times, interleaved) if interleaved else None,
+        "interleaved_ratio_95ci": _ratio_interval(times, interleaved),
     }
     if isinstance(capture, _MsprobeCapture):
         result["msprobe_patch"] = capture.patch
@@ -850,8 +850,9 @@ def _ratio_interval(captured, uncaptured, rounds: int = 2000):
         return None
     rng = np.random.default_rng(0)
     cap, unc = np.asarray(captured, dtype=float), np.asarray(uncaptured, dtype=float)
-    picks = rng.integers(0, len(cap), (rounds, len(cap))), rng.integers(0, len(unc), (rounds, len(unc)))
-    ratios = np.median(cap[picks[0]], axis=1) / np.median(unc[picks[1]], axis=1)
+    cap_picks = rng.integers(0, len(cap), (rounds, len(cap)))
+    unc_picks = rng.integers(0, len(unc), (rounds, len(unc)))
+    ratios = np.median(cap[cap_picks], axis=1) / np.median(unc[unc_picks], axis=1)
     low, high = np.percentile(ratios, [2.5, 97.5])
     return float(low), float(high)
 
