@@ -315,7 +315,7 @@ def _install_timers(task: str, graph: bool) -> _Timers:
     timers.wrap(writer.RawWriter, "_append_line", "writer._append_line (writer thread)")
     timers.wrap(writer.RawWriter, "finish_step", "writer.finish_step (records closed, marker)")
     timers.wrap(gradient_hooks.GradientHookCache, "apply", "gradient hook applied (forward side)")
-    if hasattr(gradient_hooks.GradientHookCache, "apply_many"):  # one hook per call for its inputs (issue 11)
+    if hasattr(gradient_hooks.GradientHookCache, "apply_many"):  # one hook per call for its inputs
         timers.wrap(gradient_hooks.GradientHookCache, "apply_many", "inputs' gradient hook applied (one per call)")
     if graph or task == "host":
         timers.wrap(host.HostBackend, "_emit", "HostBackend._emit (inside the capture op)")

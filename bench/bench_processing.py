@@ -33,8 +33,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tests import formats as fmt  # noqa: E402
-from tests.rawdump_builder import Net, RawDumpBuilder, llama_net, write_llama_step  # noqa: E402
+from tests.support import formats as fmt  # noqa: E402
+from tests.support.rawdump_builder import Net, RawDumpBuilder, llama_net, write_llama_step  # noqa: E402
 
 SMALL_SHAPE = (64, 64)  # 16 KiB of float32
 

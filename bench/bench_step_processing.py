@@ -7,12 +7,12 @@ uncaptured phase, all side by side:
 
   uncaptured   train step only (the control)
   inline       + ``InlineProcessor.submit([step])``: process_dump on the
-               training thread, what the callback did before issue 11
+               training thread, what the callback did before processing moved to a worker
   background   + ``BackgroundProcessor.submit([step])``: what the callback does now; the
                worker process works while the next steps train
 
 After each step's train call, a raw capture of the step (``--mb`` MiB of float32 tensors
-in our raw format, LLaMA-like names, ``tests/rawdump_builder.py``) is written and marked
+in our raw format, LLaMA-like names, ``tests/support/rawdump_builder.py``) is written and marked
 complete *outside* the timed region: capture cost is measured by ``bench_capture.py``; here
 only processing is. The uncaptured phases write it too and keep it until the phase ends,
 so every phase has the same pause between steps (on a loaded machine a process that
@@ -52,7 +52,7 @@ sys.path.insert(0, HERE)
 import bench_capture  # noqa: E402  (the bench model: _build, _batches, _sync, MODEL)
 import numpy as np  # noqa: E402
 
-from tests.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step  # noqa: E402
+from tests.support.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step  # noqa: E402
 
 COLUMNS = 1024
 LAYERS = 2  # 27 cells x (forward in/out + backward in/out) = 108 tensors per step

@@ -31,13 +31,13 @@ BATCH = 2
 
 def _networks(mode: str, seed: int):
     """(plain train cell, train cell to capture): two tiny Qwen3 with the same initial weights."""
-    from tests import mcore_models
+    from tests.support import mcore_models
 
     return mcore_models.twin_train_cells("qwen3", mode, seed, MODEL)
 
 
 def _batches(count: int, seed: int):
-    from tests import mcore_models
+    from tests.support import mcore_models
 
     return mcore_models.token_batches(count, BATCH, MODEL["seq_length"], MODEL["vocab_size"], seed)
 

@@ -1,4 +1,4 @@
-"""Ascend graph-mode capture, end to end on CPU through the emulation of tests/ascend_emulation.py.
+"""Ascend graph-mode capture, end to end on CPU through the emulation of tests/support/ascend_emulation.py.
 
 The real ``tensordump`` and ``kbk_statistics`` backends, the graph wrapper, MindSpore's
 CPU graph compiler and autodiff, the training-run logic and processing all run; only
@@ -25,9 +25,9 @@ from mf_celldump.config import DumpConfig, IndexSelection
 from mf_celldump.integrations.run import TrainingRun
 from mf_celldump.processing.async_steps import wait_for_steps
 from mf_celldump.processing.driver import process_dump
-from tests import capture_net as cn
-from tests import formats as fmt
-from tests.ascend_emulation import AscendEmulator
+from tests.support import capture_net as cn
+from tests.support import formats as fmt
+from tests.support.ascend_emulation import AscendEmulator
 
 STEPS = 5
 SELECTED = "1,3"

@@ -1,7 +1,7 @@
 """The tiny MindFormers LLaMA in graph mode with emulated Ascend primitives: examples/ascend/acceptance.sh.
 
 The acceptance script NPU owners run first is run here against the emulation of
-tests/ascend_emulation.py (``--emulate``): five real MindFormers trainings (PyNative
+tests/support/ascend_emulation.py (``--emulate``): five real MindFormers trainings (PyNative
 reference, graph tensor task, graph statistics task, a run resumed at global step 5
 and a resumed run whose steps are all in the past), each invariant printed PASS/FAIL.
 The emulated graph is (semi-)auto parallel, so the bundled mapping's 'in' dumps carry
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests import formats as fmt
+from tests.support import formats as fmt
 
 pytestmark = pytest.mark.slow
 

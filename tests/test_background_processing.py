@@ -21,8 +21,8 @@ import time
 import numpy as np
 import pytest
 
-from tests import formats as fmt
-from tests.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step
+from tests.support import formats as fmt
+from tests.support.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step
 
 PYTHON = sys.executable
 CLI = os.path.join(os.path.dirname(sys.executable), "mf-celldump")

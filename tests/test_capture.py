@@ -1,6 +1,6 @@
 """Capture engine on real MindSpore (CPU), PyNative and Graph mode.
 
-The raw files are read back with an independent oracle (tests/rawread.py) and their
+The raw files are read back with an independent oracle (tests/support/rawread.py) and their
 values checked against independent computations: forward outputs by re-running
 fresh, unwrapped cells on the captured inputs; gradients by ``mindspore.grad`` of
 fresh cells and of the whole network.
@@ -16,10 +16,10 @@ from mindspore import Tensor, nn
 
 import mf_celldump
 from mf_celldump.capture.session import AttachError, find_attached
-from tests import capture_net as cn
-from tests import formats as fmt
-from tests.rawread import read_manifest, read_step
-from tests.tensordump_standin import AscendNamedTensorDump
+from tests.support import capture_net as cn
+from tests.support import formats as fmt
+from tests.support.rawread import raw_steps, read_manifest, read_step
+from tests.support.tensordump_standin import AscendNamedTensorDump
 
 STEPS = 3
 
@@ -55,17 +55,6 @@ def baselines():
         return cache[mode]
 
     return get
-
-
-def _raw_steps(dump_path, rank=0):
-    rank_dir = os.path.join(dump_path, fmt.RAW_ROOT, fmt.raw_rank_dir_name(rank))
-    manifest = read_manifest(rank_dir)
-    steps = {}
-    for name in os.listdir(rank_dir):
-        step = fmt.parse_step_dir_name(name)
-        if step is not None:
-            steps[step] = os.path.join(rank_dir, name)
-    return manifest, steps
 
 
 def _gate_gradient_path(mode):
@@ -107,7 +96,7 @@ def test_every_record_and_value(tmp_path, mode, backend):
     config = {"dump_path": str(tmp_path), "task": "tensor", "data_mode": "all", "backend": backend}
     _, weights, _, dump = _train(mode, config)
     assert dump.captured_steps == [0, 1, 2]
-    manifest, steps = _raw_steps(str(tmp_path))
+    manifest, steps = raw_steps(str(tmp_path))
     assert manifest["backend"] == backend
     assert {c["name"]: c["class"] for c in manifest["cells"]} == {**cn.CAPTURED_CELLS, "layers": "CellList"}
     assert sorted(steps) == [0, 1, 2]
@@ -150,7 +139,7 @@ def test_weight_statistics_and_switch(tmp_path, mode):
     _, weights, _, _ = _train(mode, {"dump_path": str(tmp_path / "on"), "task": "statistics", "steps": "1"}, steps=2)
     _train(mode, {"dump_path": str(tmp_path / "off"), "task": "statistics", "steps": "1", "parameters": False},
            steps=2)
-    manifest, steps = _raw_steps(str(tmp_path / "on"))
+    manifest, steps = raw_steps(str(tmp_path / "on"))
     records = read_step(steps[1], manifest)
     cn.set_mode("pynative")
     net = cn.make_net(weights[1])
@@ -164,7 +153,7 @@ def test_weight_statistics_and_switch(tmp_path, mode):
                 got = [stats[k] for k in ("Max", "Min", "Mean", "Norm")]
                 np.testing.assert_allclose(got, [want.max(), want.min(), want.mean(), np.linalg.norm(want)],
                                            rtol=1e-6, atol=1e-9)
-    manifest_off, steps_off = _raw_steps(str(tmp_path / "off"))
+    manifest_off, steps_off = raw_steps(str(tmp_path / "off"))
     records_off = read_step(steps_off[1], manifest_off)
     assert not [key for key in records_off if key[2] in ("w", "g")]
     assert all(cell["weights"] == [] for cell in manifest_off["cells"])
@@ -253,7 +242,7 @@ def test_training_is_bitwise_unchanged(tmp_path, baselines, mode, task, data_mod
         np.testing.assert_array_equal(got, want)
     for name, value in want_final.items():
         np.testing.assert_array_equal(final[name], value, err_msg=name)
-    _, steps = _raw_steps(str(tmp_path))
+    _, steps = raw_steps(str(tmp_path))
     assert sorted(steps) == [0, 1, 2]
     files = os.listdir(steps[1])
     directions = {fmt.parse_raw_tensor_name(f).key.direction for f in files if f.endswith(".npy")}
@@ -268,8 +257,8 @@ def test_statistics_equal_numpy(tmp_path, mode):
     stats = ["max", "min", "mean", "norm", "md5", "nan_count", "inf_count"]
     _train(mode, {"dump_path": str(tmp_path / "t"), "task": "tensor"})
     _train(mode, {"dump_path": str(tmp_path / "s"), "task": "statistics", "statistics": stats})
-    manifest_t, steps_t = _raw_steps(str(tmp_path / "t"))
-    manifest_s, steps_s = _raw_steps(str(tmp_path / "s"))
+    manifest_t, steps_t = raw_steps(str(tmp_path / "t"))
+    manifest_s, steps_s = raw_steps(str(tmp_path / "s"))
     assert manifest_s["backend"] == ("device_stats" if mode == "pynative" else "host")
     for step in range(STEPS):
         assert not [f for f in os.listdir(steps_s[step]) if f.endswith(".npy")]
@@ -334,7 +323,7 @@ def test_detach_restores_cells_and_stops_writing(tmp_path, mode):
 def test_step_selection_writes_nothing_for_other_steps(tmp_path, mode):
     _, _, _, dump = _train(mode, {"dump_path": str(tmp_path), "task": "tensor", "steps": "1"})
     assert dump.captured_steps == [1]
-    _, steps = _raw_steps(str(tmp_path))
+    _, steps = raw_steps(str(tmp_path))
     assert sorted(steps) == [1]
 
 
@@ -405,7 +394,7 @@ def test_layer_mapping_modes_reach_the_captured_files(tmp_path, monkeypatch):
     _, _, _, dump = _train("pynative", {"dump_path": str(tmp_path / "d"), "task": "tensor",
                                         "backend": "tensordump", "layer_mapping": [str(mapping)]}, steps=1)
     ids = {c.name: c.cell_id for c in dump.cells}
-    _, steps = _raw_steps(str(tmp_path / "d"))
+    _, steps = raw_steps(str(tmp_path / "d"))
     modes = {}
     for name in os.listdir(steps[0]):
         parsed = fmt.parse_raw_tensor_name(name)
@@ -449,7 +438,7 @@ def test_a_step_that_raises_is_left_raw_and_unfinished(tmp_path):
         raise ValueError("boom")
     dump.detach()
     assert dump.captured_steps == [0]
-    _, steps = _raw_steps(str(tmp_path))
+    _, steps = raw_steps(str(tmp_path))
     assert os.path.exists(os.path.join(steps[0], fmt.STEP_DONE_FILE))
     assert not os.path.exists(os.path.join(steps[1], fmt.STEP_DONE_FILE))
     assert [f for f in os.listdir(steps[1]) if f.endswith(".npy")]
@@ -464,7 +453,7 @@ def test_backward_call_k_is_the_gradient_of_forward_call_k(tmp_path, mode):
     with dump.step(0):
         train(cn.make_input())
     dump.detach()
-    manifest, steps = _raw_steps(str(tmp_path))
+    manifest, steps = raw_steps(str(tmp_path))
     records = read_step(steps[0], manifest)
     q, k = (records[("rotate", "forward", "o", (0,), call)] for call in (0, 1))
     assert (q.shape, k.shape) == ((2, 2, 2), (2, 1, 2))

@@ -12,8 +12,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn
 
 import mf_celldump
-from tests.rawread import read_step
-from tests.test_capture import _raw_steps
+from tests.support.rawread import raw_steps, read_step
 
 BEFORE = 2.0
 
@@ -46,7 +45,7 @@ def test_parameter_argument_recorded_before_the_optimizer_update(tmp_path, task,
         train(x)
     dump.detach()
     assert not np.allclose(net.w.asnumpy(), BEFORE), "the optimizer must have changed the weight"
-    manifest, steps = _raw_steps(str(tmp_path))
+    manifest, steps = raw_steps(str(tmp_path))
     captured = read_step(steps[0], manifest)
     weight = captured[("scale", "forward", "a", (1,), 0)]
     output = captured[("scale", "forward", "o", (0,), 0)]

@@ -2,9 +2,9 @@
 
 One module-scoped fixture builds every dump once (about 40 s on 2 cores):
 * ``meg``: a tiny Megatron-core GPTModel on CPU, one step dumped by msprobe's PyTorch dumper
-  (tests/megatron_gpt.py, CPU remedies on the test side only);
+  (tests/support/megatron_gpt.py, CPU remedies on the test side only);
 * ``ours/*``: the MindFormers legacy LLaMA with weights converted from it, batch 2, dumped by
-  mf_celldump's public API (tests/megatron_llama.py): ``clean``, ``clean2`` (a second run),
+  mf_celldump's public API (tests/support/megatron_llama.py): ``clean``, ``clean2`` (a second run),
   ``perturb`` (layer 1's ``wo`` weight x1.05), ``nan`` (one NaN in layer 1's ``w2`` weight),
   ``stats`` / ``nanstats`` (statistics task);
 * ``msprobe_ms``: msprobe's own MindSpore L0 dump of the same LLaMA step;
@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from mf_celldump.cli import main as celldump_main
-from tests.msprobe_cli import run_msprobe
+from tests.support.msprobe_cli import run_msprobe
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +45,9 @@ def _run(args, cwd, timeout=600):
 def dumps(tmp_path_factory):
     root = tmp_path_factory.mktemp("xframework")
     meg = root / "meg"
-    meg_out = _run([os.path.join(HERE, "megatron_gpt.py"), str(meg)], cwd=str(root))
+    meg_out = _run([os.path.join(HERE, "support", "megatron_gpt.py"), str(meg)], cwd=str(root))
     _run(
-        [os.path.join(HERE, "megatron_gpt.py"), str(root / "meg_stats"), "--task", "statistics"],
+        [os.path.join(HERE, "support", "megatron_gpt.py"), str(root / "meg_stats"), "--task", "statistics"],
         cwd=str(root),
     )
     runs = [
@@ -60,7 +60,7 @@ def dumps(tmp_path_factory):
     ]
     ours = _run(
         [
-            os.path.join(HERE, "megatron_llama.py"),
+            os.path.join(HERE, "support", "megatron_llama.py"),
             str(meg),
             str(root / "ours"),
             *[f"--run={r}" for r in runs],
@@ -69,7 +69,7 @@ def dumps(tmp_path_factory):
     )
     theirs = _run(
         [
-            os.path.join(HERE, "megatron_llama.py"),
+            os.path.join(HERE, "support", "megatron_llama.py"),
             str(meg),
             str(root / "msprobe_ms"),
             "--run=clean",
@@ -236,7 +236,7 @@ def test_anomalies_name_the_poisoned_cell(dumps, capsys):
         assert code == 1, run
         (first,) = result["first"]
         assert first["entry"] == "Cell.model.layers.1.feed_forward.w2.Linear.forward.0", (run, first)
-        # The NaN is in w2's weight: recorded as a parameter since issue 11, it is named first.
+        # The NaN is in w2's weight: recorded as a parameter, it is named first.
         slots = [(slot["slot"], slot["kind"]) for slot in first["slots"]]
         assert slots[0] == ("param.weight", "nan"), (run, slots)
         assert ("output.0", "nan") in slots, (run, slots)

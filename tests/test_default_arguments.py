@@ -1,7 +1,7 @@
-"""Defaulted arguments follow msprobe's convention (issue 11 item 3): a call records what
+"""Defaulted arguments follow msprobe's convention: a call records what
 its caller passed, nothing left at its default, in PyNative and graph mode alike.
 
-tests/defaults_net.py calls one cell with int, float, bool, ``None`` and keyword-only
+tests/support/defaults_net.py calls one cell with int, float, bool, ``None`` and keyword-only
 defaults three ways (everything left out, some passed, everything passed) and dumps the
 step with us (PyNative, graph) and with msprobe 26.2's own L0 dumper, each in a process
 of its own. Then every forward entry has the same input slots as msprobe's, the values
@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.msprobe_cli import run_msprobe
+from tests.support.msprobe_cli import run_msprobe
 
 pytest.importorskip("msprobe")
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ ERROR_INDEX = 0.6  # graph_visualize paints a node as an error at or above this 
 
 def _dump(out, *args):
     env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "defaults_net.py"), str(out), *args],
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "support", "defaults_net.py"), str(out), *args],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     (rank_dir,) = glob.glob(os.path.join(str(out), "step0", "rank*"))

@@ -6,9 +6,9 @@ import os
 import pytest
 
 import mf_celldump
-from tests import capture_net as cn
-from tests import formats as fmt
-from tests.msprobe_cli import compare_rows, graph_nodes
+from tests.support import capture_net as cn
+from tests.support import formats as fmt
+from tests.support.msprobe_cli import compare_rows, graph_nodes
 
 pytest.importorskip("msprobe")
 

@@ -1,6 +1,6 @@
-"""Graph-mode capture keeps compile-time constants constant (issue 13 item 1).
+"""Graph-mode capture keeps compile-time constants constant.
 
-tests/constants_net.py compiles only if its non-tensor arguments (``None``, ints, flags,
+tests/support/constants_net.py compiles only if its non-tensor arguments (``None``, ints, flags,
 a tuple mixing them with a tensor, ``**kwargs``) stay constants to MindSpore's compiler.
 With capture attached it must compile and train bitwise as without, in every task and
 data_mode, and the constants must still be recorded, once per call, with the values and
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import mf_celldump
-from tests import constants_net as cnet
-from tests import formats as fmt
-from tests.rawread import read_manifest, read_step
+from tests.support import constants_net as cnet
+from tests.support import formats as fmt
+from tests.support.rawread import read_manifest, read_step
 
 STEPS = 2
 
@@ -104,7 +104,7 @@ import sys, tempfile, glob, os
 sys.path.insert(0, {root!r})
 import mindspore as ms
 import mf_celldump
-from tests import constants_net as cnet
+from tests.support import constants_net as cnet
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 net = cnet.Top()
 train = cnet.train_one_step_cell(net)

@@ -1,5 +1,5 @@
-"""Gradients of inputs that depend on no parameter, and inputs whose gradient cannot exist
-(issue 11 item 2), checked against ``mindspore.grad`` on the network of tests/input_grad_net.py.
+"""Gradients of inputs that depend on no parameter, and inputs whose gradient cannot exist,
+checked against ``mindspore.grad`` on the network of tests/support/input_grad_net.py.
 
 As msprobe 26.2's L0 dump: the backward ``output.i`` of a call is the gradient w.r.t. its
 i-th top-level tensor argument (a tuple argument takes no number); an attention-mask-like
@@ -17,9 +17,9 @@ import pytest
 from mindspore import nn
 
 import mf_celldump
-from tests import formats as fmt
-from tests import input_grad_net as gn
-from tests.rawread import read_manifest, read_step
+from tests.support import formats as fmt
+from tests.support import input_grad_net as gn
+from tests.support.rawread import read_manifest, read_step
 
 CASES = [("pynative", "tensordump"), ("pynative", "host"), ("pynative", "device_stats"), ("graph", "host")]
 
@@ -128,14 +128,14 @@ def test_training_is_unchanged(tmp_path, mode, backend):
 
 @pytest.mark.parametrize("backend", ["tensordump", "kbk_statistics"])
 def test_ascend_graph_backends_record_mask_gradients_and_nulls(tmp_path, caplog, backend):
-    """Ascend graph mode through the CPU emulation (tests/ascend_emulation.py): input gradients go
+    """Ascend graph mode through the CPU emulation (tests/support/ascend_emulation.py): input gradients go
     through DumpGradient, numbered as msprobe, behind one tie per call that keeps a mask's record
     alive, so the mask that depends on no parameter gets its gradient (equal to ``mindspore.grad``);
     an int-only call gets its explicit null."""
     from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
     from mf_celldump.config import DumpConfig
     from mf_celldump.integrations.run import TrainingRun
-    from tests.ascend_emulation import AscendEmulator
+    from tests.support.ascend_emulation import AscendEmulator
 
     gn.set_mode("graph")
     net = gn.make_net()

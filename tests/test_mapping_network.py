@@ -371,7 +371,7 @@ def test_bundled_mcore_matches_real_mcore_models(tmp_path):
     assert not list(tmp_path.iterdir())  # MindFormers' ./output went to a temporary directory
 
 
-# --- issue 10 item 15: a bundled file gets the same verdict by name and by path ------------
+# --- a bundled file gets the same verdict by name and by path ------------
 
 
 def test_bundled_file_by_name_or_path_same_verdict(capsys, tiny_llama, monkeypatch):

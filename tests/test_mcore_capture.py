@@ -3,7 +3,7 @@
 Each model is trained by ``mindformers.Trainer`` for 3 steps from the YAML of ``examples/``
 with ``CellDumpCallback`` in ``callbacks:`` (``data_mode: all``, ``steps: "0,2"``), in
 PyNative and Graph mode, with the task tensor and statistics: one subprocess per run
-(``tests/mcore_models.py``), two at a time, shared by the tests of this module. Values are
+(``tests/support/mcore_models.py``), two at a time, shared by the tests of this module. Values are
 checked against independent computations: a fresh model built with the weights of step 0
 re-runs cells on the captured inputs, ``mindspore.grad`` gives the input gradients.
 
@@ -23,9 +23,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests import formats as fmt
-from tests import mcore_models
-from tests.rawread import read_manifest
+from tests.support import formats as fmt
+from tests.support import mcore_models
+from tests.support.rawread import read_manifest
 
 
 def _mindformers_has(relative_path: str) -> bool:
@@ -445,7 +445,7 @@ def test_backward_call_k_pairs_with_forward_call_k(runs, model, mode):
 @pytest.mark.parametrize("model", [
     "qwen3",
     pytest.param("deepseek3", marks=pytest.mark.xfail(strict=True, reason=(
-        "limit (issue 11 item 2): PyNative, like msprobe, records the int32-zeros gradient that the "
+        "limit: PyNative, like msprobe, records the int32-zeros gradient that the "
         "experts' tied inputs send back to TopKRouter's int output 0 (backward.0.input.0); graph-mode "
         "autodiff sends no gradient to an integer output, so graph mode lacks those 2 files")))])
 def test_graph_captures_every_tensor_pynative_captures(runs, model):

@@ -1,6 +1,6 @@
 """Real MindFormers 1.9 training on CPU from the YAML of examples/ (CellDumpCallback in ``callbacks:``).
 
-Each run is a subprocess of ``tests/mf_cpu_workarounds.py`` (the example runner plus
+Each run is a subprocess of ``tests/support/mf_cpu_workarounds.py`` (the example runner plus
 test-only injections) in its own temporary working directory.
 """
 
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests import mf_cpu_workarounds as mfcpu
+from tests.support import mf_cpu_workarounds as mfcpu
 
 pytestmark = pytest.mark.slow
 

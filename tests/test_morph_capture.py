@@ -2,7 +2,7 @@
 
 Graph mode infers a ``Morph`` from its declared functions first and re-infers the graph only after
 expanding it (docs/capture.md): values handed to the capture op are the computed ones, but what the
-compiler knew at first (the dtype code in the op's key) is the declared one. ``tests/morph_net.py``
+compiler knew at first (the dtype code in the op's key) is the declared one. ``tests/support/morph_net.py``
 declares int32 for a float32 embedding (as MindFormers' mcore ``VocabParallelEmbedding``), float16
 of another shape for a float32 row sum, and int32 for a 0-d float32. Captured values (and
 statistics) must be the ones numpy computes, in both modes, and training bitwise unchanged.
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import mf_celldump
-from tests import formats as fmt
-from tests import morph_net as mnet
-from tests.rawread import read_manifest, read_step
+from tests.support import formats as fmt
+from tests.support import morph_net as mnet
+from tests.support.rawread import read_manifest, read_step
 
 STEPS = 2
 MODES = ["graph", "pynative"]

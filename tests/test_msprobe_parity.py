@@ -1,7 +1,7 @@
 """Our dump against msprobe 26.2's own PyNative L0 dump of the same tiny LLaMA step.
 
 One module-scoped fixture writes random LLaMA weights (Megatron's names, converted by
-tests/megatron_llama.py as in the cross-framework tests, no torch needed) and a batch,
+tests/support/megatron_llama.py as in the cross-framework tests, no torch needed) and a batch,
 then dumps the same training step (same weights, data, SGD with learning rate 0) four
 times, each in a process of its own: ours (tensor, statistics) and msprobe's
 ``PrecisionDebugger`` (tensor, statistics). Then:
@@ -16,7 +16,7 @@ times, each in a process of its own: ours (tensor, statistics) and msprobe's
 * our graph-mode dump of the same step has the same weights and weight gradients (the
   latter up to graph-mode rounding).
 
-Gradients of inputs that depend on no parameter (issue 11 item 2): msprobe records the
+Gradients of inputs that depend on no parameter: msprobe records the
 gradient of the attention mask (LLamaDecodeLayer, LLamaAttention, 2 layers) and of the
 loss's int label and float mask inputs, numbered by rank among the call's top-level
 tensor arguments (``LLamaAttention``'s mask is ``backward.0.output.1`` although it is
@@ -39,7 +39,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.msprobe_cli import compare_rows, run_msprobe
+from tests.support.msprobe_cli import compare_rows, run_msprobe
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +51,8 @@ ERROR_INDEX = 0.6
 
 
 def _write_inputs(out: str) -> None:
-    """Random weights under Megatron's names (tests/megatron_llama.py converts them) and a batch."""
-    from tests.megatron_gpt import TinyGPT, tokens
+    """Random weights under Megatron's names (tests/support/megatron_llama.py converts them) and a batch."""
+    from tests.support.megatron_gpt import TinyGPT, tokens
 
     cfg = TinyGPT()
     rng = np.random.default_rng(7)
@@ -78,7 +78,7 @@ def _write_inputs(out: str) -> None:
 
 def _run(args, cwd):
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "megatron_llama.py"), *args], cwd=cwd, env=env,
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "support", "megatron_llama.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

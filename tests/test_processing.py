@@ -11,8 +11,8 @@ import pytest
 
 from mf_celldump.processing import npystats
 from mf_celldump.processing.driver import process_dump
-from tests import formats as fmt
-from tests.rawdump_builder import RawDumpBuilder, kbk_rows, numpy_stats, read_output
+from tests.support import formats as fmt
+from tests.support.rawdump_builder import RawDumpBuilder, kbk_rows, numpy_stats, read_output
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F, B = fmt.FORWARD, fmt.BACKWARD

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from mf_celldump.processing.driver import process_dump
-from tests import formats as fmt
-from tests.msprobe_cli import REPO, compare_rows, graph_nodes
-from tests.rawdump_builder import RawDumpBuilder, llama_net, read_output, write_llama_step
+from tests.support import formats as fmt
+from tests.support.msprobe_cli import REPO, compare_rows, graph_nodes
+from tests.support.rawdump_builder import RawDumpBuilder, llama_net, read_output, write_llama_step
 
 pytest.importorskip("msprobe")
 
@@ -137,7 +137,7 @@ TENSORDUMP_SCRIPT = textwrap.dedent(
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor, ops
-    from tests import formats as fmt
+    from tests.support import formats as fmt
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     step_dir = sys.argv[1]

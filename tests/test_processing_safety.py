@@ -17,9 +17,9 @@ from mf_celldump.processing.errors import (
     EmptyDumpError,
     NotACaptureDumpError,
 )
-from mf_celldump.processing.observer import ProcessingObserver
-from tests import formats as fmt
-from tests.rawdump_builder import RawDumpBuilder, llama_net, read_output, snapshot_tree, write_llama_step
+from tests.support import formats as fmt
+from tests.support.event_recorder import EventRecorder
+from tests.support.rawdump_builder import RawDumpBuilder, llama_net, read_output, snapshot_tree, write_llama_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F, A = fmt.FORWARD, fmt.SLOT_ARG
@@ -72,32 +72,13 @@ def reference(tmp_path_factory):
     return refs
 
 
-class EventRecorder(ProcessingObserver):
-    """Records what processing reports: "file" per file, then each step's stages."""
-
-    def __init__(self, on_event=None):
-        self.events = []
-        self.on_event = on_event
-
-    def _add(self, event):
-        self.events.append(event)
-        if self.on_event is not None:
-            self.on_event(event)
-
-    def on_file(self):
-        self._add("file")
-
-    def on_stage(self, rank, step, stage):
-        self._add(stage)
-
-
 KILL_SCRIPT = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {repo!r})
     from mf_celldump.processing import worker_pool
     from mf_celldump.processing.driver import process_dump
-    from tests.test_processing_safety import EventRecorder
+    from tests.support.event_recorder import EventRecorder
     worker_pool.MIN_FILES_PER_WORKER = 100  # a pool even on these small dumps when jobs > 1
     def die_at(event, seen=[]):
         seen.append(event)

@@ -1,6 +1,6 @@
 """The raw format has one owner: its document, its names and its version check agree.
 
-The expected names here come from ``tests/formats.py`` (literal), not from the package.
+The expected names here come from ``tests/support/formats.py`` (literal), not from the package.
 """
 
 import json
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from mf_celldump.rawformat import keys, manifest, names, records, spec
-from tests import formats as fmt
+from tests.support import formats as fmt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,7 +13,7 @@ printing PASS or FAIL per invariant (exit code 1 if any fails):
     python examples/ascend/acceptance.py --workdir /tmp/mf_celldump_acceptance
 
 ``--emulate`` runs the same on CPU with the Ascend primitives emulated
-(``tests/ascend_emulation.py``); the test suite does that.
+(``tests/support/ascend_emulation.py``); the test suite does that.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 RUNNER = os.path.join(REPO, "examples", "run_tiny_llama.py")
-EMULATION = os.path.join(REPO, "tests", "ascend_emulation.py")
+EMULATION = os.path.join(REPO, "tests", "support", "ascend_emulation.py")
 ASCEND_CONFIG = os.path.join(HERE, "tiny_llama_ascend.yaml")
 STEPS = 5
 SELECTED = "1,3"

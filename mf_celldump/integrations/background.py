@@ -9,7 +9,7 @@ after their output is in place, so whatever it did not finish stays complete on 
 ``mf-celldump process``, and training never waits for it or fails because of it.
 
 Why ``subprocess.Popen([sys.executable, "-m", worker])`` and not ``multiprocessing``:
-the issue asks for a process that is spawned, never forked from the training process.
+a worker must be spawned, never forked from the training process (which holds MindSpore threads).
 Popen of a fresh interpreter *is* a spawned process (fork+exec through vfork: nothing of
 the training process is inherited but the environment and the three standard streams).
 multiprocessing's own "spawn" start method re-imports the parent's ``__main__`` in the

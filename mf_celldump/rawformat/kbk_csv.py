@@ -2,7 +2,7 @@
 
 Format from MindSpore's source (``mindspore/ccsrc/debug/utils.h`` csvHeaderComm and
 header_map, ``debugger_utils.cc`` Write2File, ``csv_writer.h`` WriteToCsv) and checked
-against the emulation in ``tests/ascend_emulation.py``, never against an NPU: a header
+against the emulation in ``tests/support/ascend_emulation.py``, never against an NPU: a header
 ``Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape`` plus
 one column per configured statistic (``Max Value``, ``Min Value``, ``Avg Value``,
 ``L2Norm Value``, ...), every row ending with a comma, a timestamp per row. The capture

@@ -6,7 +6,7 @@ DumpGradient primitives compiled into graphs, the eager kernels that move Tensor
 step counter, its step filter, the device synchronisation, the kernel-by-kernel dump's
 iteration controls, and the environment MindSpore reads its dump settings from.
 ``from_mindspore()`` builds the real one; tests on CPU pass a stand-in built by
-``tests/ascend_emulation.py`` (the same backend code then runs end to end). Nothing
+``tests/support/ascend_emulation.py`` (the same backend code then runs end to end). Nothing
 here may be imported by a backend directly, or it would escape the stand-in.
 
 Source abbreviations used in comments (MindSpore repository paths):

@@ -87,7 +87,7 @@ class GraphFace(ABC):
 
         A non-tensor ``value`` must come back as the very same object, with no operation
         applied to it: a value that is a constant to MindSpore's compiler (``None``, a Python
-        int, a flag) has to stay one for the wrapped ``construct`` (issue 13). ``note`` is
+        int, a flag) has to stay one for the wrapped ``construct``. ``note`` is
         the id ``constants_function`` gave for this call's constant values, handed to the
         first tensor probe of the call (0 for the others): emitting those values when that
         probe runs records them once per call without any op of their own. ``call`` is what

@@ -18,7 +18,7 @@ Non-tensor values in graph mode: a constant (``None``, a Python int or flag) is 
 compile time in a table of this backend, and the call's first tensor probe carries the
 note's id in its key, so the values are written when that probe runs, once per call,
 with no op touching them (an op on a constant, even one whose output is unused, made
-MindSpore treat it as a variable: issue 13). A value that is not a compile-time constant
+MindSpore treat it as a variable). A value that is not a compile-time constant
 (a ``mutable`` scalar) goes through the ``side_effect_io`` value op as before.
 
 Call numbers in graph mode: one compiled ``construct`` serves every call of a cell, so a
@@ -27,7 +27,7 @@ so two calls are never merged) runs first in each call and returns the call's nu
 the runtime's counter; the graph probe op takes it as a third input, and its ``bprop``
 receives the same value, so an output's gradient is recorded under the call that produced
 it even when gradients do not flow in reverse call order (Qwen3's rotary cell applied to
-query, then key, whose backward runs in data order: issue 13). The tie's function sees
+query, then key, whose backward runs in data order). The tie's function sees
 gradients only, so input gradients carry no call; processing pairs them with a forward
 call by order and shape (docs/raw-format.md).
 

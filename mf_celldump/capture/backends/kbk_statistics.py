@@ -8,7 +8,7 @@ kernels from writing tensors (and a step filter nobody reaches, in case it came 
 late). The dump's iteration is pinned to the global step (``_set_init_iter``) and
 moved by ``_dump_step(1)`` after each step's synchronisation, as msprobe 26.2 does, so
 iteration folders are global steps. Proven on CPU by the emulation in
-``tests/ascend_emulation.py``; sources (MindSpore repository): DJP
+``tests/support/ascend_emulation.py``; sources (MindSpore repository): DJP
 ``mindspore/ccsrc/tools/data_dump/dump_json_parser.cc`` (``debug/data_dump/`` up to
 2.7.0), AC ``mindspore/ccsrc/runtime/graph_scheduler/actor/actor_common.cc``, DU
 ``.../debugger/debugger_utils.cc``.

@@ -7,7 +7,7 @@ the value (and so for every op queued before it). The step path therefore only q
 end of the step, or earlier when the queue holds more than ``pending_limit_bytes``.
 Parameters are dumped at once: the optimizer updates them in place later in the step.
 
-Graph mode (Ascend; proven on CPU by the emulation in ``tests/ascend_emulation.py``):
+Graph mode (Ascend; proven on CPU by the emulation in ``tests/support/ascend_emulation.py``):
 file paths hold MindSpore's ``{step}`` placeholder and MindSpore writes the files
 asynchronously, after the step, from one writer thread. At the end of every step the
 backend synchronises the device, sends a step-done marker for a captured step through

@@ -1,4 +1,4 @@
-"""Issue 10, items 11, 12 and 20: permissions, a full disk and empty selections end in a message
+"""Permissions, a full disk and empty selections end in a message
 that says what and where; the raw data is kept and a re-run finishes the work.
 """
 
@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from mf_celldump.processing.driver import process_dump
-from tests.hardening_support import REPO, build_dump, raw_files, run_cli
+from tests.support.hostile_dumps import REPO, build_dump, raw_files, run_cli
 
 # Root passes every permission check these tests want to see fail; without the capabilities that
 # override file modes (setpriv drops them from the bounding set before exec) it is an ordinary owner.
@@ -45,7 +45,7 @@ def dump(tmp_path):
 
 
 @needs_permission_checks
-def test_item11_unreadable_step_folder_is_a_problem_of_that_step(dump):
+def test_unreadable_step_folder_is_a_problem_of_that_step(dump):
     builder = build_dump(dump)
     step0 = os.path.join(builder.rank_dir, "step0")
     os.chmod(step0, 0)
@@ -59,7 +59,7 @@ def test_item11_unreadable_step_folder_is_a_problem_of_that_step(dump):
 
 
 @needs_permission_checks
-def test_item11_unwritable_output_keeps_raw_and_rerun_finishes(dump):
+def test_unwritable_output_keeps_raw_and_rerun_finishes(dump):
     builder = build_dump(dump)
     os.chmod(dump, 0o555)
     proc = _process_as_user(dump)
@@ -72,7 +72,7 @@ def test_item11_unwritable_output_keeps_raw_and_rerun_finishes(dump):
 
 
 @needs_permission_checks
-def test_item11_dump_of_another_user_gets_a_message_about_the_lock(dump):
+def test_dump_of_another_user_gets_a_message_about_the_lock(dump):
     """Another user's dump, as it looks to us: its rank folder is not writable for us (r-x)."""
     build_dump(dump)
     os.chmod(os.path.join(dump, "_raw", "rank0"), 0o555)
@@ -87,7 +87,7 @@ ENOSPC_CODE = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     mnt = {mnt!r}
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], check=True)
-    from tests.hardening_support import build_dump
+    from tests.support.hostile_dumps import build_dump
     from mf_celldump.processing.driver import process_dump
     dump = os.path.join(mnt, "dump")
     build_dump(dump, steps=2, layers=1)
@@ -122,7 +122,7 @@ def _needed_kib(problem: str) -> float:
 
 
 @pytest.mark.skipif(not _tmpfs_available(), reason="no user namespaces here: see the RLIMIT_FSIZE test")
-def test_item12_full_disk_says_how_much_space_where_and_a_rerun_finishes(tmp_path):
+def test_full_disk_says_how_much_space_where_and_a_rerun_finishes(tmp_path):
     """A real full disk: a 1 MiB tmpfs (mounted in a private user+mount namespace) filled up.
 
     Both steps fail with the space they need and where; the raw data stays; once the
@@ -154,7 +154,7 @@ def _fsize_limited(limit: int):
     return apply
 
 
-def test_item12_file_size_limit_stand_in_for_a_full_disk(tmp_path):
+def test_file_size_limit_stand_in_for_a_full_disk(tmp_path):
     """A file-system-level stand-in for a full disk that works anywhere: RLIMIT_FSIZE (EFBIG)."""
     dump = str(tmp_path / "dump")
     builder = build_dump(dump)
@@ -167,7 +167,7 @@ def test_item12_file_size_limit_stand_in_for_a_full_disk(tmp_path):
     assert process_dump(dump, jobs=1).ok
 
 
-def test_item20_selection_matching_nothing_is_one_sentence_and_exit_2(tmp_path):
+def test_selection_matching_nothing_is_one_sentence_and_exit_2(tmp_path):
     dump = str(tmp_path / "dump")
     build_dump(dump)
     proc = run_cli("process", dump, "--steps", "3-5")

@@ -12,7 +12,8 @@ import importlib.util
 import os
 import sys
 
-PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mcore_cpu_patches.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PATH = os.path.join(REPO, "examples", "mcore_cpu_patches.py")
 
 
 def load():

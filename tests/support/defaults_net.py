@@ -3,10 +3,10 @@ us (PyNative or graph mode) or by msprobe 26.2's own PyNative L0 dumper, one ste
 
 ``Scale`` has int, float and bool defaults, a ``None`` default and a keyword-only float;
 ``Net`` calls one ``Scale`` leaving everything at its default, then with some, then all
-passed, so what each call records depends on what its caller passed (issue 11 item 3).
+passed, so what each call records depends on what its caller passed.
 
 Run as a script, one dump per process (msprobe's debugger is a process-wide singleton):
-``python tests/defaults_net.py OUT --tool ours|msprobe [--mode graph] [--task statistics]``.
+``python tests/support/defaults_net.py OUT --tool ours|msprobe [--mode graph] [--task statistics]``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     net, train = build()
     x, mask = batch()
     if args.tool == "msprobe":
-        from tests import msprobe_dumpers
+        from tests.support import msprobe_dumpers
 
         msprobe_dumpers.dump_mindspore_step(net, lambda: float(train(x, mask).asnumpy()), args.out, args.task)
         return 0
@@ -97,5 +97,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.exit(main())

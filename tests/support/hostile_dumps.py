@@ -1,4 +1,4 @@
-"""Shared pieces of the hardening tests (issue 10): dumps, an outside area to guard, the CLI.
+"""Shared pieces of the tests of hostile input: dumps, an outside area to guard, the CLI.
 
 The outside area holds what a hostile dump would point at: a private file (mode 0600),
 a FIFO (opening it for reading blocks until a writer comes, so a test that follows a
@@ -19,10 +19,10 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from tests import formats as fmt
-from tests.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step
+from tests.support import formats as fmt
+from tests.support.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 F, A = fmt.FORWARD, fmt.SLOT_ARG
 
 

@@ -1,4 +1,4 @@
-"""Issue 10, items 1-6: nothing outside the dump is read, created, changed or deleted; only our files go.
+"""Nothing outside the dump is read, created, changed or deleted; only our files go.
 
 ``D`` is a raw dump captured with ``attach`` (real MindSpore, PyNative, CPU), copied for
 each test; the planted links point into an outside area whose every byte, mode, link
@@ -16,15 +16,15 @@ import pytest
 
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import ProcessingError
-from tests import formats as fmt
-from tests.hardening_support import alarm, build_dump, make_outside, raw_files, run_cli, snapshot
+from tests.support import formats as fmt
+from tests.support.hostile_dumps import alarm, build_dump, make_outside, raw_files, run_cli, snapshot
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    """A raw dump of two steps of tests/capture_net.py, captured with attach (kept raw)."""
+    """A raw dump of two steps of tests/support/capture_net.py, captured with attach (kept raw)."""
     import mf_celldump
-    from tests import capture_net as cn
+    from tests.support import capture_net as cn
 
     cn.set_mode("pynative")
     net = cn.make_net()
@@ -54,7 +54,7 @@ def rank0(dump):
     return os.path.join(dump, fmt.RAW_ROOT, "rank0")
 
 
-def test_item1_processed_folder_linked_outside_deletes_nothing_there(D, outside):
+def test_processed_folder_linked_outside_deletes_nothing_there(D, outside):
     """`ln -s $V D/_raw/rank0/_processed` with $V/step99.json: refused, $V untouched, raw kept."""
     before = snapshot(os.path.dirname(outside["dir"]))
     os.symlink(outside["dir"], os.path.join(rank0(D), fmt.PROCESSED_DIR))
@@ -66,7 +66,7 @@ def test_item1_processed_folder_linked_outside_deletes_nothing_there(D, outside)
 
 
 @pytest.mark.parametrize("target", ["missing", "file"])
-def test_item2_lock_file_linked_outside_creates_and_changes_nothing(D, outside, target):
+def test_lock_file_linked_outside_creates_and_changes_nothing(D, outside, target):
     """`ln -s $O/new D/_raw/rank0/.processing.lock`: $O/new is not created (nor an existing file changed)."""
     area = os.path.dirname(outside["dir"])
     before = snapshot(area)
@@ -77,7 +77,7 @@ def test_item2_lock_file_linked_outside_creates_and_changes_nothing(D, outside, 
     assert snapshot(area) == before and not os.path.exists(outside["missing"])
 
 
-def test_item2_lock_file_hard_linked_outside_is_refused(D, outside):
+def test_lock_file_hard_linked_outside_is_refused(D, outside):
     area = os.path.dirname(outside["dir"])
     lock = os.path.join(rank0(D), fmt.PROCESSING_LOCK)
     os.link(outside["file"], lock)
@@ -87,7 +87,7 @@ def test_item2_lock_file_hard_linked_outside_is_refused(D, outside):
     assert snapshot(area) == before and os.path.exists(lock)  # not ours: not deleted either
 
 
-def test_item3_raw_file_hard_linked_to_outside_file_keeps_its_mode(D, outside):
+def test_raw_file_hard_linked_to_outside_file_keeps_its_mode(D, outside):
     """A raw .npy hard-linked to an outside 0600 file: refused; the file stays 0600 with one extra link."""
     step0 = os.path.join(rank0(D), "step0")
     victim = raw_files(step0)[0]
@@ -104,7 +104,7 @@ def test_item3_raw_file_hard_linked_to_outside_file_keeps_its_mode(D, outside):
     assert [o.status for o in report.outcomes] == ["processed", "processed"] and report.outcomes[1].raw_removed
 
 
-def test_item4_manifest_linked_outside_is_not_read(D, outside):
+def test_manifest_linked_outside_is_not_read(D, outside):
     """A manifest symlinked to an outside FIFO: refused without opening it (opening would block)."""
     manifest = os.path.join(rank0(D), fmt.MANIFEST_FILE)
     os.unlink(manifest)
@@ -114,7 +114,7 @@ def test_item4_manifest_linked_outside_is_not_read(D, outside):
     assert f"{manifest} is a symbolic link" in proc.stderr
 
 
-def test_item4_manifest_hard_linked_outside_is_refused(D, outside, tmp_path):
+def test_manifest_hard_linked_outside_is_refused(D, outside, tmp_path):
     manifest = os.path.join(rank0(D), fmt.MANIFEST_FILE)
     copy = str(tmp_path / "outside-manifest.json")
     shutil.move(manifest, copy)
@@ -123,7 +123,7 @@ def test_item4_manifest_hard_linked_outside_is_refused(D, outside, tmp_path):
     assert proc.returncode == 2 and f"{manifest} has 2 hard links" in proc.stderr
 
 
-def test_item5_files_we_did_not_write_stay_and_are_reported(D):
+def test_files_we_did_not_write_stay_and_are_reported(D):
     """`echo n > D/_raw/rank0/step0/NOTES.txt`: reported, kept where it is, not reprocessed later."""
     step0 = os.path.join(rank0(D), "step0")
     notes = os.path.join(step0, "NOTES.txt")
@@ -145,7 +145,7 @@ def test_item5_files_we_did_not_write_stay_and_are_reported(D):
     assert os.stat(output).st_mtime_ns == mtime and os.path.isfile(notes)
 
 
-def test_item5_foreign_files_in_a_killed_removal_go_back_to_their_folder(tmp_path):
+def test_foreign_files_in_a_killed_removal_go_back_to_their_folder(tmp_path):
     """A run killed after renaming step0 to .step0.removing: the next run deletes only our files."""
     dump = str(tmp_path / "dump")
     builder = build_dump(dump, steps=1)
@@ -177,7 +177,7 @@ def test_files_of_yours_in_an_output_folder_are_never_deleted_with_it(tmp_path):
     assert process_dump(dump, jobs=1).ok
 
 
-def test_item6_killed_runs_temporary_files_are_cleaned_and_only_those(tmp_path):
+def test_killed_runs_temporary_files_are_cleaned_and_only_those(tmp_path):
     """.tmp-* files of a killed run in _processed/ (mode 0600) go; a file of another name stays."""
     dump = str(tmp_path / "dump")
     builder = build_dump(dump, steps=1)
@@ -194,7 +194,7 @@ def test_item6_killed_runs_temporary_files_are_cleaned_and_only_those(tmp_path):
     assert process_dump(dump, jobs=1).nothing_to_do
 
 
-def test_item6_successful_run_leaves_no_lock_and_no_empty_processed_folder(D):
+def test_successful_run_leaves_no_lock_and_no_empty_processed_folder(D):
     assert process_dump(D, jobs=1).ok
     assert sorted(os.listdir(rank0(D))) == [fmt.MANIFEST_FILE]
     assert sorted(os.listdir(D)) == ["_raw", "step0", "step1"]
@@ -207,7 +207,7 @@ def test_killed_run_is_finished_by_the_next_and_leaves_nothing_behind(tmp_path):
     import sys
     import textwrap
 
-    from tests.hardening_support import REPO
+    from tests.support.hostile_dumps import REPO
 
     dump = str(tmp_path / "dump")
     builder = build_dump(dump, steps=2)
@@ -250,7 +250,7 @@ def _replace_by_link(path, target, hard=False):
 
 
 def _with_kbk(dump, outside, how):
-    from tests.rawdump_builder import RawDumpBuilder, kbk_rows
+    from tests.support.rawdump_builder import RawDumpBuilder, kbk_rows
 
     builder = RawDumpBuilder(dump, rank=0)
     key = fmt.Key(0, fmt.FORWARD, fmt.SLOT_ARG, fmt.KIND_TENSOR, (0,), None)

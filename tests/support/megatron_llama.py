@@ -1,8 +1,8 @@
-"""The MindFormers LLaMA that computes the same function as tests/megatron_gpt.py, dumped on CPU.
+"""The MindFormers LLaMA that computes the same function as tests/support/megatron_gpt.py, dumped on CPU.
 
-    python tests/megatron_llama.py MEGATRON_DIR OUT --run NAME[:VARIANT[:TASK]] ... [--tool ours|msprobe]
+    python tests/support/megatron_llama.py MEGATRON_DIR OUT --run NAME[:VARIANT[:TASK]] ... [--tool ours|msprobe]
 
-Weights come from ``MEGATRON_DIR/weights.npz`` (written by tests/megatron_gpt.py) and are
+Weights come from ``MEGATRON_DIR/weights.npz`` (written by tests/support/megatron_gpt.py) and are
 converted to MindFormers' legacy ``LlamaForCausalLM``: ``linear_qkv`` holds q, k, v
 interleaved per query group (``[q of the group's heads, k, v]`` per group) and is split
 into ``wq``/``wk``/``wv``; ``linear_fc1`` holds gate then up (``w1``, ``w3``); linear
@@ -13,7 +13,7 @@ rate 0 so the weights stay) dumped into ``OUT/NAME``:
 
 * ``--tool ours`` (default): through mf_celldump's public API (``attach`` ... ``process``),
   in PyNative or (``--mode graph``) graph mode;
-* ``--tool msprobe``: through msprobe's own MindSpore L0 dumper (tests/msprobe_dumpers.py).
+* ``--tool msprobe``: through msprobe's own MindSpore L0 dumper (tests/support/msprobe_dumpers.py).
 
 Variants change our side only: ``clean``; ``perturb`` scales
 ``model.layers.1.attention.wo.weight`` by 1.05; ``nan`` sets one element of
@@ -29,9 +29,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from tests.megatron_gpt import TinyGPT  # noqa: E402  (no torch import at module level)
+from tests.support.megatron_gpt import TinyGPT  # noqa: E402  (no torch import at module level)
 
 PERTURBED = "model.layers.1.attention.wo.weight"
 POISONED = "model.layers.1.feed_forward.w2.weight"
@@ -156,7 +156,7 @@ def dump_ours(train, batch, out: str, task: str) -> float:
 def dump_msprobe(net, train, batch, out: str, task: str) -> float:
     import mindspore as ms
 
-    from tests import msprobe_dumpers
+    from tests.support import msprobe_dumpers
 
     return msprobe_dumpers.dump_mindspore_step(
         net, lambda: float(train(ms.Tensor(batch)).asnumpy()), out, task

@@ -1,15 +1,15 @@
 """Tiny mcore models (Qwen3, DeepSeek-V3) trained by MindFormers on CPU; also a driver run in a subprocess.
 
-    python tests/mcore_models.py train [--initial-weights F] [--ascend-named-tensordump] -- <runner args>
-    python tests/mcore_models.py check --model qwen3 --dump DIR --weights F --out RESULT.json
-    python tests/mcore_models.py numerics --model qwen3 --mode pynative --task tensor \
+    python tests/support/mcore_models.py train [--initial-weights F] [--ascend-named-tensordump] -- <runner args>
+    python tests/support/mcore_models.py check --model qwen3 --dump DIR --weights F --out RESULT.json
+    python tests/support/mcore_models.py numerics --model qwen3 --mode pynative --task tensor \
         [--data-mode forward] [--exclude-class FusedRMSNorm]
 
 The models are the YAMLs of ``examples/`` (``tiny_qwen3.yaml``, ``tiny_deepseek3.yaml``: fp32,
 dropout 0, 2 layers of width 64, vocab 128, seq 16, batch 2) trained through
 ``mindformers.Trainer`` by ``examples/run_tiny_llama.py --model ...``, with CellDumpCallback
 from the YAML ``callbacks:`` entry. The CPU patches are ``examples/mcore_cpu_patches.py``
-(one copy; ``tests/mcore_cpu_patches.py`` loads it).
+(one copy; ``tests/support/mcore_cpu_patches.py`` loads it).
 
 ``train`` adds, for tests only:
 
@@ -37,7 +37,7 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
 PYTHON = sys.executable
 MODELS = ("qwen3", "deepseek3")
@@ -86,7 +86,7 @@ def train(argv: List[str]) -> int:
     if args.ascend_named_tensordump:
         import mindspore as ms
 
-        from tests.tensordump_standin import AscendNamedTensorDump
+        from tests.support.tensordump_standin import AscendNamedTensorDump
 
         ms.ops.TensorDump = AscendNamedTensorDump
     if args.initial_weights:
@@ -109,7 +109,7 @@ def build_model(model: str, mode: str = "pynative", weights: Optional[str] = Non
     from mindformers.core.context import build_context
     from mindformers.models.build_model import build_network
 
-    from tests import mcore_cpu_patches
+    from tests.support import mcore_cpu_patches
 
     config = MindFormerConfig(config_path(model))
     config.context.mode = 0 if mode == "graph" else 1
@@ -141,7 +141,7 @@ def twin_train_cells(model: str, mode: str, seed: int = 0, sizes: Optional[dict]
     from mindformers.models.build_model import build_network
     from mindspore import nn
 
-    from tests import mcore_cpu_patches
+    from tests.support import mcore_cpu_patches
 
     config = MindFormerConfig(config_path(model))
     config.context.mode = 0 if mode == "graph" else 1

@@ -1,6 +1,6 @@
 """A tiny Megatron-core GPTModel on CPU, the PyTorch baseline of the cross-framework tests.
 
-    python tests/megatron_gpt.py OUT [--task tensor|statistics]
+    python tests/support/megatron_gpt.py OUT [--task tensor|statistics]
 
 builds the model (LLaMA-shaped: RMSNorm, RoPE, SwiGLU, no biases, untied output layer,
 fp32, dropout 0), runs one forward and backward step on a fixed batch under msprobe's
@@ -163,8 +163,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import numpy as np
 
-    sys.path.insert(0, os.path.dirname(HERE))
-    from tests import msprobe_dumpers
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    from tests.support import msprobe_dumpers
 
     cfg = TinyGPT()
     apply_cpu_remedies()

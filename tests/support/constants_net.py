@@ -1,7 +1,7 @@
 """A network that needs its non-tensor arguments to stay compile-time constants.
 
 Each construct below compiles in graph mode only if the value it receives is a constant
-to MindSpore's compiler, as in MindFormers' mcore ``GPTModel`` (issue 13):
+to MindSpore's compiler, as in MindFormers' mcore ``GPTModel``:
 
 - ``Model`` fills a dict from ``None`` arguments (``extra or {}``, then ``d[k] = v``) and
   spreads it into a call by keyword;

@@ -1,4 +1,4 @@
-"""A small network whose cells take inputs that depend on no parameter (issue 11 item 2).
+"""A small network whose cells take inputs that depend on no parameter.
 
 - ``Lookup`` takes only an int tensor (like ``input_ids``): no gradient can exist for it;
   two instances, so the log line about it must appear once for the class;

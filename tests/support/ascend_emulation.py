@@ -45,7 +45,7 @@ else depends on it.
 
 As a script it runs examples/run_tiny_llama.py with the emulated primitives:
 
-    python tests/ascend_emulation.py [--parallel] [--latency S] [--slow-every N] \\
+    python tests/support/ascend_emulation.py [--parallel] [--latency S] [--slow-every N] \\
         [--report FILE] -- <run_tiny_llama.py arguments>
 """
 
@@ -670,7 +670,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     emulator = AscendEmulator(parallel=args.parallel, latency=args.latency, slow_every=args.slow_every,
                               slow_seconds=args.slow_seconds)
     _install(emulator)
-    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
     sys.path.insert(0, examples)
     import run_tiny_llama
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from tests import formats as fmt
+from tests.support import formats as fmt
 
 
 def read_manifest(rank_dir):
@@ -55,3 +55,15 @@ def read_step(step_dir, manifest):
             assert full not in out, f"duplicate record {full}"
             out[full] = value
     return out
+
+
+def raw_steps(dump_path, rank=0):
+    """(manifest, {step: raw step folder}) of one rank of a raw dump."""
+    rank_dir = os.path.join(dump_path, fmt.RAW_ROOT, fmt.raw_rank_dir_name(rank))
+    manifest = read_manifest(rank_dir)
+    steps = {}
+    for name in os.listdir(rank_dir):
+        step = fmt.parse_step_dir_name(name)
+        if step is not None:
+            steps[step] = os.path.join(rank_dir, name)
+    return manifest, steps

@@ -1,4 +1,4 @@
-"""Issue 10, items 13, 14, 16-19, 21, 22: what a newcomer meets in the first hour."""
+"""What a newcomer meets in the first hour: short messages, the README's promises, the main job."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import yaml
 
 from mf_celldump.config import ConfigError, DumpConfig
 from mf_celldump.processing.driver import process_dump
-from tests import formats as fmt
-from tests.hardening_support import REPO, A, F, build_dump, limited_python, run_cli
+from tests.support import formats as fmt
+from tests.support.hostile_dumps import REPO, A, F, build_dump, limited_python, run_cli
 
 README = os.path.join(REPO, "README.md")
 
@@ -26,7 +26,7 @@ def _read(path):
         return handle.read()
 
 
-# -- item 13: messages stay short whatever the value ----------------------------------------------
+# -- messages stay short whatever the value ----------------------------------------------
 
 def _alias_bomb(key: str, depth: int = 10) -> str:
     """A YAML config whose ``key`` is nested anchors ``depth`` deep: 10**depth items when expanded."""
@@ -41,7 +41,7 @@ BOMB_KEYS = ("steps", "ranks", "include", "exclude", "exclude_classes", "statist
              "data_mode", "backend", "dump_path", "jobs", "process_on_train_end")
 
 
-def test_item13_alias_bomb_in_any_key_is_a_short_message_within_300_mb(tmp_path):
+def test_alias_bomb_in_any_key_is_a_short_message_within_300_mb(tmp_path):
     paths = []
     for key in BOMB_KEYS:
         path = tmp_path / f"{key}.yaml"
@@ -67,7 +67,7 @@ def test_item13_alias_bomb_in_any_key_is_a_short_message_within_300_mb(tmp_path)
     assert len(lengths) == len(BOMB_KEYS) and max(lengths) < 400, proc.stdout
 
 
-def test_item13_alias_bomb_through_from_yaml_names_the_key(tmp_path):
+def test_alias_bomb_through_from_yaml_names_the_key(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(_alias_bomb("steps").replace("_anchors", "stepz_anchors"))
     with pytest.raises(ConfigError) as err:
@@ -79,9 +79,9 @@ def test_item13_alias_bomb_through_from_yaml_names_the_key(tmp_path):
         DumpConfig.from_yaml(str(path))
 
 
-# -- item 14: seven modes for a three-argument cell -----------------------------------------------
+# -- seven modes for a three-argument cell -----------------------------------------------
 
-def test_item14_surplus_modes_are_named():
+def test_surplus_modes_are_named():
     from mindspore import nn
 
     from mf_celldump.capture.mode_arity import surplus_mode_warnings
@@ -119,9 +119,9 @@ def test_item14_surplus_modes_are_named():
         "#3 out, #4 in, #5 _, #6 _"]
 
 
-# -- item 16: where run_mindformer.py comes from --------------------------------------------------
+# -- where run_mindformer.py comes from --------------------------------------------------
 
-def test_item16_readme_says_run_mindformer_py_is_not_in_the_pip_package():
+def test_readme_says_run_mindformer_py_is_not_in_the_pip_package():
     files = importlib.metadata.files("mindformers") or []
     assert not any(str(f).endswith("run_mindformer.py") for f in files), "pip package has it now: update README"
     text = _read(README)
@@ -130,9 +130,9 @@ def test_item16_readme_says_run_mindformer_py_is_not_in_the_pip_package():
     assert f"--branch v{version}" in text and f"for mindformers {version}" in text
 
 
-# -- item 17: the msprobe command without PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION --------------------
+# -- the msprobe command without PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION --------------------
 
-def test_item17_msprobe_command_runs_without_the_protobuf_variable(tmp_path):
+def test_msprobe_command_runs_without_the_protobuf_variable(tmp_path):
     """constraints.txt pins protobuf 3.20.3, with which the plain `msprobe` script works."""
     assert "protobuf==3.20.3" in _read(os.path.join(REPO, "constraints.txt"))
     msprobe = os.path.join(os.path.dirname(sys.executable), "msprobe")
@@ -151,9 +151,9 @@ def test_item17_msprobe_command_runs_without_the_protobuf_variable(tmp_path):
     assert "TypeError: Descriptors cannot be created directly." in readme and "the GIL is released" in readme
 
 
-# -- item 19: every count says what it counts -------------------------------------------------------
+# -- every count says what it counts -------------------------------------------------------
 
-def test_item19_counts_say_what_they_count(tmp_path, caplog):
+def test_counts_say_what_they_count(tmp_path, caplog):
     builder = build_dump(str(tmp_path / "dump"), steps=1)
     writer = builder.step(0)
     writer.seq = 5000
@@ -169,9 +169,9 @@ def test_item19_counts_say_what_they_count(tmp_path, caplog):
             "2 non-tensor values), 1 captures read from records.jsonl or statistic.csv") in caplog.text
 
 
-# -- item 21: register-path --yaml prints the entry to add ------------------------------------------
+# -- register-path --yaml prints the entry to add ------------------------------------------
 
-def test_item21_register_path_yaml_is_one_entry_for_an_existing_list():
+def test_register_path_yaml_is_one_entry_for_an_existing_list():
     proc = run_cli("register-path", "--yaml")
     assert proc.returncode == 0 and "callbacks:" not in proc.stdout.replace("`callbacks:`", "")
     user_config = "callbacks:\n  - type: MFLossMonitor\n  - type: CheckpointMonitor\n    prefix: llama\n"
@@ -181,9 +181,9 @@ def test_item21_register_path_yaml_is_one_entry_for_an_existing_list():
     assert "--register_path " + run_cli("register-path").stdout.strip() in proc.stdout
 
 
-# -- items 18 and 22: the main job -------------------------------------------------------------------
+# -- the main job -------------------------------------------------------------------
 
-def test_item22_modules_cache_is_ignored_and_kept_out_of_the_checkout(monkeypatch, tmp_path):
+def test_modules_cache_is_ignored_and_kept_out_of_the_checkout(monkeypatch, tmp_path):
     assert "modules/" in _read(os.path.join(REPO, ".gitignore")).split()
     sys.path.insert(0, os.path.join(REPO, "examples"))
     try:
@@ -201,7 +201,7 @@ def test_item22_modules_cache_is_ignored_and_kept_out_of_the_checkout(monkeypatc
 
 
 @pytest.mark.slow
-def test_item18_main_job_prints_progress_and_the_dump_keeps_the_rest_in_a_log(tmp_path):
+def test_main_job_prints_progress_and_the_dump_keeps_the_rest_in_a_log(tmp_path):
     """The README's main job, in an empty working folder: a few lines here, MindFormers' in the log."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "run_tiny_llama.py"), "--output-dir",
@@ -212,7 +212,7 @@ def test_item18_main_job_prints_progress_and_the_dump_keeps_the_rest_in_a_log(tm
     assert [line.split(":")[0] for line in lines if line.startswith("step ")] == ["step 0", "step 1", "step 2"]
     assert f"dump: {out / 'celldump'}" in lines
     # 68 cell calls + 21 parameters_grad entries; 173 inputs/outputs (the attention masks' and the loss's
-    # input gradients included, issue 11) + 21 weights + 21 weight gradients
+    # input gradients included) + 21 weights + 21 weight gradients
     assert any(line.startswith("  step2/rank: 89 entries") and "215 tensors" in line for line in lines), lines
     log = _read(str(out / "run_tiny_llama.log"))
     assert "Init Config" in log and "step 2 rank 0: processed" in log

@@ -4,7 +4,7 @@ Each target is run by ``tests/test_fuzz.py`` in a child process whose address sp
 capped (RLIMIT_AS), and states one property: any input gives a result or one of our own
 errors, never another exception, and never "out of memory". The raw-tree target also
 checks that nothing outside the dump changed and that no FIFO outside was opened (that
-would block; an alarm turns it into a failure). ``python -m tests.fuzz_targets NAME``
+would block; an alarm turns it into a failure). ``python -m tests.support.fuzz_targets NAME``
 runs one target here; it prints how many examples it tried.
 """
 

@@ -3,7 +3,7 @@
 msprobe is started in a child process that imports mindspore before msprobe, with the
 pure-Python protobuf runtime: with protobuf >= 4 anything else fails with "Descriptors
 cannot be created directly" (README.md, "Output layout"); with the pinned 3.20.3 the
-plain ``msprobe`` script works too (tests/test_hardening_newcomer.py runs it).
+plain ``msprobe`` script works too (tests/test_first_use.py runs it).
 """
 
 import csv
@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _MAIN = (
     "import sys, mindspore\n"
     "from msprobe.msprobe import main\n"

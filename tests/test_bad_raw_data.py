@@ -1,4 +1,4 @@
-"""Issue 10, items 7-10, 14 and more: bad raw data is a message naming it, never a traceback,
+"""Bad raw data is a message naming it, never a traceback,
 memory stays bounded, and the other steps (and ranks) are processed.
 """
 
@@ -13,9 +13,9 @@ import pytest
 
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import ManifestError
-from tests import formats as fmt
-from tests.hardening_support import REPO, A, F, build_dump, limited_python, raw_files, run_cli
-from tests.rawdump_builder import RawDumpBuilder, kbk_rows
+from tests.support import formats as fmt
+from tests.support.hostile_dumps import REPO, A, F, build_dump, limited_python, raw_files, run_cli
+from tests.support.rawdump_builder import RawDumpBuilder, kbk_rows
 
 
 def _step_problem(report, step=0):
@@ -50,7 +50,7 @@ NOT_NUMBERS = {
 
 @pytest.mark.parametrize("kind", sorted(NOT_NUMBERS))
 @pytest.mark.parametrize("value_kind", [fmt.KIND_TENSOR, fmt.KIND_INT])
-def test_item7_non_numeric_npy_is_a_problem_and_other_steps_go_on(tmp_path, kind, value_kind):
+def test_non_numeric_npy_is_a_problem_and_other_steps_go_on(tmp_path, kind, value_kind):
     """`np.save(f, np.array(["abc"]))` as a raw file (and complex, datetime, pickles, ...)."""
     builder = build_dump(str(tmp_path / "dump"))
     name = f"c0.f.a.{value_kind}.n0.p5_float32_999.npy"
@@ -80,7 +80,7 @@ def _lying_header(path, shape_text):
 
 @pytest.mark.parametrize("name", ["c0.f.a.t.n0.p5_float32_999.npy", "c0.f.a.i.n0.p5_int64_999.npy"])
 @pytest.mark.parametrize("shape", ["(1000000000000,)", "(1000000, 1000000, 1000000)", "(0, 1000000000000)"])
-def test_item8_header_claiming_a_trillion_elements_costs_no_memory(tmp_path, name, shape):
+def test_header_claiming_a_trillion_elements_costs_no_memory(tmp_path, name, shape):
     builder = build_dump(str(tmp_path / "dump"))
     path = _save_raw(builder, 0, name, np.zeros(1, np.int64))
     _lying_header(path, shape)
@@ -99,7 +99,7 @@ def test_item8_header_claiming_a_trillion_elements_costs_no_memory(tmp_path, nam
     assert "STATUS ['processed', 'processed']" in proc.stdout
 
 
-def test_item14_header_smaller_than_its_data_is_refused(tmp_path):
+def test_header_smaller_than_its_data_is_refused(tmp_path):
     builder = build_dump(str(tmp_path / "dump"))
     name = "c0.f.a.t.n0.p5_float32_999.npy"
     path = _save_raw(builder, 0, name, np.ones(8, np.float32))
@@ -111,7 +111,7 @@ def test_item14_header_smaller_than_its_data_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("field", ["path", "cell", "call", "seq", "deep path"])
-def test_item9_raw_name_with_huge_numbers_is_left_alone(tmp_path, field):
+def test_raw_name_with_huge_numbers_is_left_alone(tmp_path, field):
     """A path index of 30 digits (and the same for cell, call, seq, or 40 levels deep) in a raw name."""
     builder = build_dump(str(tmp_path / "dump"))
     big = "1" * 30
@@ -165,7 +165,7 @@ RECORD_LINES = {
 
 
 @pytest.mark.parametrize("case", sorted(RECORD_LINES))
-def test_item10_bad_records_lines_are_problems(tmp_path, case):
+def test_bad_records_lines_are_problems(tmp_path, case):
     """A records.jsonl line nested 100,000 levels deep (and other lines capture never writes)."""
     builder = build_dump(str(tmp_path / "dump"))
     records = os.path.join(builder.rank_dir, "step0", fmt.RECORDS_FILE)

@@ -1,6 +1,6 @@
 """Test-side helpers for MindFormers runs on CPU; also a driver script run in a subprocess.
 
-    python tests/mf_cpu_workarounds.py [--precompile] [--fail-at-step K] -- <run_tiny_llama.py args>
+    python tests/support/mf_cpu_workarounds.py [--precompile] [--fail-at-step K] -- <run_tiny_llama.py args>
 
 The CPU workarounds themselves live in ``examples/cpu_workarounds.py`` (re-exported
 here). What is added for tests only:
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import List, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
 RUNNER = os.path.join(EXAMPLES, "run_tiny_llama.py")
 PYTHON = sys.executable

@@ -1,6 +1,6 @@
 """Writes synthetic raw capture dumps in the documented raw format (docs/raw-format.md).
 
-Names come from ``tests.formats`` (literal, independent of the package); data is real
+Names come from ``tests.support.formats`` (literal, independent of the package); data is real
 numpy arrays written with ``np.save``. Used by the processing tests and the processing benchmark. A
 :class:`StepWriter` hands out ``seq`` numbers in the order values are written, so the
 order of calls below *is* the execution order the raw dump describes.
@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tests import formats as fmt
+from tests.support import formats as fmt
 
 # fmt: off
 KBK_HEADER = [

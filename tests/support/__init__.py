@@ -1,0 +1,1 @@
+"""Helpers of the test suite: networks, drivers run as subprocesses, dump builders and readers."""
