@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from mf_celldump.cli import main as celldump_main
-from mf_celldump.compare import metrics, reader, transforms
+from mf_celldump.compare import metrics, transforms
 from mf_celldump.compare.pairing import map_slot
+from mf_celldump.layout import reader
 from mf_celldump.mapping.compare_rules import CompareRules, Split, parse_rules
 
 

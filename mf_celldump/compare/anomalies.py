@@ -18,9 +18,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.compare.reader import DumpError, DumpJson, find_rank_dumps
-from mf_celldump.compare.slots import parse_entry_name, tensor_slots
 from mf_celldump.config import ConfigError, IndexSelection
+from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
+from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
+from mf_celldump.layout.slots import tensor_slots
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -37,14 +38,14 @@ class Finding:
 
     @property
     def order(self) -> tuple:
-        return (self.step if self.step is not None else -1, 0 if self.direction == "forward" else 1, self.pos)
+        return (self.step if self.step is not None else -1, 0 if self.direction == FORWARD else 1, self.pos)
 
     @property
     def note(self) -> str:
         if any(s["slot"].startswith("param.") for s in self.slots):
             return "one of its own weights is bad"
         inputs = [s for s in self.slots if s["slot"].startswith(("input", "kwarg"))]
-        if self.direction == "forward" and inputs:
+        if self.direction == FORWARD and inputs:
             return "its inputs are already bad: produced between cells, in its parent's code"
         return ""
 
@@ -95,7 +96,7 @@ def scan_rank(dump_json: str, step: Optional[int], rank: str, max_abs: Optional[
         found = current.get(parsed.direction)
         if found is None or parsed.cell.startswith(found.cell + "."):
             current[parsed.direction] = Finding(step, rank, parsed.direction, pos, name, parsed.cell, bad)
-    first = current.get("forward") or current.get("backward")
+    first = current.get(FORWARD) or current.get(BACKWARD)
     return {"step": step, "rank": rank, "first": first, "counts": counts}
 
 

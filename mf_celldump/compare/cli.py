@@ -14,8 +14,8 @@ from typing import Any, List
 
 from mf_celldump.compare import metrics
 from mf_celldump.compare.engine import CompareInputError, CompareRequest, CompareResult, run
-from mf_celldump.compare.reader import DumpError
 from mf_celldump.config import ConfigError, IndexSelection
+from mf_celldump.layout.reader import DumpError
 from mf_celldump.mapping import AUTO, MappingError
 
 logger = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from mf_celldump.compare import metrics
 from mf_celldump.compare.pairing import PairOptions, Unit, UnitPairer, load_unit
 from mf_celldump.compare.plot import write_plot
-from mf_celldump.compare.reader import DumpError, DumpJson, RankDump, find_rank_dumps
 from mf_celldump.compare.report import Divergence, first_divergence, skip_reasons, unit_counts, write_csv
 from mf_celldump.compare.store import Store
 from mf_celldump.config import IndexSelection
+from mf_celldump.layout.reader import DumpError, DumpJson, RankDump, find_rank_dumps
 from mf_celldump.mapping import AUTO, LayerMapping, resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
 

@@ -17,9 +17,10 @@ import numpy as np
 from tqdm import tqdm
 
 from mf_celldump.compare import metrics, tensors, transforms
-from mf_celldump.compare.reader import DumpJson, RankDump
-from mf_celldump.compare.slots import parse_entry_name, slot_record, tensor_slots
 from mf_celldump.compare.store import Store
+from mf_celldump.layout.naming import FORWARD, parse_entry_name
+from mf_celldump.layout.reader import DumpJson, RankDump
+from mf_celldump.layout.slots import slot_record, tensor_slots
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
 
@@ -242,7 +243,7 @@ class UnitPairer:
         """Query groups from the key input of the baseline's ``core_attention`` ([s, b, groups, head dim])."""
         sibling = base_cell.rpartition(".")[0] + ".core_attention"
         if sibling not in self._groups:
-            found = self.store.base_entry(sibling, "forward", 0)
+            found = self.store.base_entry(sibling, FORWARD, 0)
             key = slot_record(found[1], "input.1") if found else None
             shape = key.get("shape") if key else None
             self._groups[sibling] = int(shape[-2]) if isinstance(shape, list) and len(shape) == 4 else None
@@ -256,12 +257,12 @@ def map_slot(slot: str, direction: str, rules: CompareRules) -> Tuple[str, bool,
     sub = f".{sub}" if sub else ""
     if head == "kwarg":
         return slot, False, False, ""
-    if head == "input" and direction == "forward":
+    if head == "input" and direction == FORWARD:
         mapped = rules.baseline_input(int(index)) if index.isdigit() else index
         if mapped is None:
             return "", False, False, "not compared (in=_ in the mapping)"
         return (f"input.{mapped}{sub}" if mapped.isdigit() else f"kwarg.{mapped}{sub}"), False, False, ""
-    if head == "output" and direction == "forward":
+    if head == "output" and direction == FORWARD:
         return slot, True, True, ""
     if head == "input":  # backward: gradient w.r.t. our forward output
         if rules.act:

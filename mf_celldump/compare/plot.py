@@ -7,6 +7,7 @@ from typing import Optional
 
 from mf_celldump.compare.report import Divergence, layer_table
 from mf_celldump.compare.store import Store
+from mf_celldump.layout.naming import DIRECTIONS
 
 FLOOR = 1e-12  # plotted instead of 0 on the log axis
 MAX_TICKS = 40
@@ -26,7 +27,7 @@ def write_plot(
         return False
     labels = list(dict.fromkeys(table.sort_values("depth").layer))
     fig, axes = plt.subplots(2, 1, figsize=(min(16.0, max(6.0, 0.45 * len(labels) + 2)), 6.5), sharex=True)
-    for axis, direction in zip(axes, ("forward", "backward")):
+    for axis, direction in zip(axes, DIRECTIONS):
         part = table[table.direction == direction]
         _series(
             axis,

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from mf_celldump.compare.store import Store
+from mf_celldump.layout.naming import FORWARD
 
 NEXT_COUNT = 5
-_DIRECTION_ORDER = "case direction when 'forward' then 0 else 1 end"
+_DIRECTION_ORDER = f"case direction when '{FORWARD}' then 0 else 1 end"
 _UNIT_ORDER = "cast(step as integer), rank"
 
 
@@ -120,7 +121,7 @@ def _fill(store: Store, found: Divergence) -> None:
         (
             found.step,
             found.rank,
-            (0 if found.direction == "forward" else 1) * 1000000000 + found.pos,
+            (0 if found.direction == FORWARD else 1) * 1000000000 + found.pos,
             NEXT_COUNT + len(found.parents),
         ),
     )
@@ -175,7 +176,7 @@ def layer_table(store: Store, step: str, rank: str):
         store.db,
         params=(step, rank),
     )
-    forward = frame[frame.direction == "forward"].sort_values("pos")
+    forward = frame[frame.direction == FORWARD].sort_values("pos")
     order = {layer: i for i, layer in enumerate(forward.layer)}
     for layer in frame.sort_values("pos").layer:
         order.setdefault(layer, len(order))

@@ -147,8 +147,8 @@ def _our_cells(args: argparse.Namespace) -> List[Tuple[str, str]]:
 
 def _with_classes(path: str) -> List[Tuple[str, str]]:
     """(cell, class) of every cell with entries in a dump, in first-seen order."""
-    from mf_celldump.compare.reader import DumpError, DumpJson, find_rank_dumps
-    from mf_celldump.compare.slots import parse_entry_name
+    from mf_celldump.layout.naming import parse_entry_name
+    from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
 
     try:
         first = find_rank_dumps(path)[0]
@@ -168,8 +168,8 @@ def _with_classes(path: str) -> List[Tuple[str, str]]:
 
 def dump_cells(path: str) -> Dict[str, Set[str]]:
     """Cell -> directions with entries, from the first rank folder of a dump (streamed)."""
-    from mf_celldump.compare.reader import DumpError, DumpJson, find_rank_dumps
-    from mf_celldump.compare.slots import parse_entry_name
+    from mf_celldump.layout.naming import parse_entry_name
+    from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
 
     cells: Dict[str, Set[str]] = {}
     try:

@@ -11,8 +11,9 @@ import os
 import stat
 from typing import Iterable, List, Optional, Set, Tuple, Union
 
-from mf_celldump import fsutil, naming
+from mf_celldump import fsutil
 from mf_celldump.config import IndexSelection, resolve_jobs, short_repr
+from mf_celldump.layout import naming
 from mf_celldump.processing import raw_cleanup, space
 from mf_celldump.processing.errors import (
     DumpNotFoundError,

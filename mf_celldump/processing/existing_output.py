@@ -9,7 +9,7 @@ import os
 import stat
 from typing import List, Set
 
-from mf_celldump import naming
+from mf_celldump.layout import naming
 
 
 def is_output(folder: str) -> bool:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-from mf_celldump import naming
 from mf_celldump.dtypes import mindspore_dtype_name
+from mf_celldump.layout import naming
 from mf_celldump.processing.entries import Entry
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import (

@@ -20,7 +20,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from mf_celldump import fsutil, naming
+from mf_celldump import fsutil
+from mf_celldump.layout import naming
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
 from mf_celldump.processing.entries import Entry, ShapeOf, assign_calls, group_entries, link_parents
 from mf_celldump.processing.errors import NpyReadError

@@ -15,9 +15,9 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 # Raw keys use msprobe's direction words (re-exported).
-from mf_celldump.naming import BACKWARD as BACKWARD
-from mf_celldump.naming import DIRECTIONS as DIRECTIONS
-from mf_celldump.naming import FORWARD as FORWARD
+from mf_celldump.layout.naming import BACKWARD as BACKWARD
+from mf_celldump.layout.naming import DIRECTIONS as DIRECTIONS
+from mf_celldump.layout.naming import FORWARD as FORWARD
 
 # Slots of a captured value, seen from the forward call.
 SLOT_ARG = "a"  # positional input; path[0] is the argument index

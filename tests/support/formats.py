@@ -1,7 +1,7 @@
 """The tests' own statement of the file formats: literal names, written here, not imported.
 
 Raw format (docs/raw-format.md) and msprobe's output layout, spelled out independently
-of ``mf_celldump.rawformat`` and ``mf_celldump.naming``, so a wrong name format in the
+of ``mf_celldump.rawformat`` and ``mf_celldump.layout.naming``, so a wrong name format in the
 package fails the tests instead of passing on both sides.
 """
 

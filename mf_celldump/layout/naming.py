@@ -9,6 +9,7 @@ Names under ``_raw/`` belong to the raw format (``mf_celldump.rawformat.names``)
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 FORWARD = "forward"
@@ -80,12 +81,28 @@ def parameters_grad_data_name(entry: str, weight: str) -> str:
     return f"{entry}.{weight}.npy"
 
 
-def split_entry_name(entry: str) -> Tuple[str, str, str, int]:
-    """``Cell.a.b.Class.forward.3`` -> (``a.b``, ``Class``, ``forward``, 3)."""
-    parts = entry.split(".")
-    if len(parts) < 5 or parts[0] != "Cell" or parts[-2] not in DIRECTIONS or not parts[-1].isdigit():
-        raise ValueError(f"not a cell entry name: {entry!r}")
-    return ".".join(parts[1:-3]), parts[-3], parts[-2], int(parts[-1])
+# A parsed entry: MindSpore cells are ``Cell.*``, msprobe's PyTorch modules ``Module.*``.
+CELL_PREFIXES = ("Cell", "Module")
+
+
+@dataclass(frozen=True)
+class EntryName:
+    """A parsed cell entry name: ``Cell.{cell}.{cls}.{direction}.{call}``."""
+
+    cell: str
+    cls: str
+    direction: str
+    call: int
+
+
+def parse_entry_name(name: str) -> Optional[EntryName]:
+    """Parse a cell/module entry name; None for anything else (API entries, ``parameters_grad``)."""
+    parts = name.split(".")
+    if len(parts) < 5 or parts[0] not in CELL_PREFIXES or parts[-2] not in DIRECTIONS:
+        return None
+    if not parts[-1].isdigit():
+        return None
+    return EntryName(".".join(parts[1:-3]), parts[-3], parts[-2], int(parts[-1]))
 
 
 # -- temporary names inside the output tree (processing's own) -------------------------

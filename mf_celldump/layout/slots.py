@@ -1,42 +1,18 @@
-"""Entry names and the tensor slots inside an entry body, for every dumper's spelling.
+"""The tensor slots inside an entry body, for every dumper's spelling (entry names: ``naming``).
 
-Entry names: ``Cell.{cell}.{Class}.{forward|backward}.{n}`` (MindSpore) or
-``Module.{...}`` (PyTorch); ``...parameters_grad...`` entries and API-level entries are
-not cells and are skipped. Slots, as labels of this module: ``input.I[.J...]`` for
-positional inputs, ``kwarg.NAME`` for keyword inputs, ``output.I[.J...]``, and
-``param.NAME`` for the weights msprobe records in forward entries (``parameters``). Forward
-bodies hold ``input_args``/``input_kwargs``/``output``; backward bodies ``input`` (msprobe
-PyTorch) or ``input_args`` (MindSpore dumpers) = gradients w.r.t. the forward outputs, and
-``output`` = gradients w.r.t. the forward inputs.
+Slots, as labels of this module: ``input.I[.J...]`` for positional inputs,
+``kwarg.NAME`` for keyword inputs, ``output.I[.J...]``, and ``param.NAME`` for the weights
+msprobe records in forward entries (``parameters``). Forward bodies hold
+``input_args``/``input_kwargs``/``output``; backward bodies ``input`` (msprobe PyTorch) or
+``input_args`` (MindSpore dumpers) = gradients w.r.t. the forward outputs, and ``output`` =
+gradients w.r.t. the forward inputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-CELL_PREFIXES = ("Cell", "Module")
-DIRECTIONS = ("forward", "backward")
-
-
-@dataclass(frozen=True)
-class EntryName:
-    """A parsed cell entry name."""
-
-    cell: str
-    cls: str
-    direction: str
-    call: int
-
-
-def parse_entry_name(name: str) -> Optional[EntryName]:
-    """Parse a cell/module entry name; None for anything else (API entries, parameters_grad)."""
-    parts = name.split(".")
-    if len(parts) < 5 or parts[0] not in CELL_PREFIXES or parts[-2] not in DIRECTIONS:
-        return None
-    if not parts[-1].isdigit():
-        return None
-    return EntryName(".".join(parts[1:-3]), parts[-3], parts[-2], int(parts[-1]))
+from mf_celldump.layout.naming import PARAMETERS
 
 
 def is_tensor(record: Any) -> bool:
@@ -51,8 +27,8 @@ def tensor_slots(
     ``parameters``: also the cell's own weights that msprobe records in forward entries
     (``param.NAME``), before the inputs: a bad weight is where a bad output comes from.
     """
-    if parameters and isinstance(body.get("parameters"), dict):
-        for key, value in body["parameters"].items():
+    if parameters and isinstance(body.get(PARAMETERS), dict):
+        for key, value in body[PARAMETERS].items():
             yield from _walk(f"param.{key}", value, numbered=False)
     inputs = body.get("input_args")
     if inputs is None:
