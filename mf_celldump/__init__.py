@@ -1,37 +1,44 @@
 """mf_celldump: cell-level precision dump for MindSpore/MindFormers, in msprobe's layout.
 
 ``attach(network, config)`` wraps every cell of a network with capture ops and returns
-a handle whose ``detach()`` restores it; ``CellDumpCallback`` does the same from a
-MindFormers YAML ``callbacks:`` entry; ``process_dump`` turns raw capture files into
-``step{N}/rank{R}/`` folders. Importing this package does not import MindFormers.
+a handle whose ``detach()`` restores it; ``process_captured(handle)`` turns what it
+captured into ``step{N}/rank{R}/`` folders; ``CellDumpCallback`` does both from a
+MindFormers YAML ``callbacks:`` entry; ``process_dump(path)`` processes any raw dump
+(a crashed run's, say). Importing this package does not import MindSpore or MindFormers.
 """
 
 from mf_celldump.config import ConfigError, DumpConfig
-
-__version__ = "0.1.0"
+from mf_celldump.version import __version__
 
 __all__ = [
+    "AttachError",
     "CellDumpCallback",
     "ConfigError",
     "DumpConfig",
+    "MappingError",
+    "ProcessingError",
     "attach",
+    "process_captured",
     "process_dump",
     "__version__",
 ]
 
+# Heavy parts (MindSpore, MindFormers) load on first use, not on import: name -> (module, attribute).
+_LAZY = {
+    "attach": ("mf_celldump.capture.session", "attach"),
+    "AttachError": ("mf_celldump.capture.session", "AttachError"),
+    "process_captured": ("mf_celldump.integrations.captured", "process_captured"),
+    "process_dump": ("mf_celldump.processing.driver", "process_dump"),
+    "ProcessingError": ("mf_celldump.processing.errors", "ProcessingError"),
+    "MappingError": ("mf_celldump.mapping.entries", "MappingError"),
+    "CellDumpCallback": ("mf_celldump.integrations.callback", "CellDumpCallback"),
+}
+
 
 def __getattr__(name):
-    # Heavy parts (MindSpore, MindFormers) load on first use, not on import.
-    if name == "attach":
-        from mf_celldump.capture.session import attach
+    if name in _LAZY:
+        import importlib
 
-        return attach
-    if name == "process_dump":
-        from mf_celldump.processing.driver import process_dump
-
-        return process_dump
-    if name == "CellDumpCallback":
-        from mf_celldump.integrations.callback import CellDumpCallback
-
-        return CellDumpCallback
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'mf_celldump' has no attribute {name!r}")

@@ -256,14 +256,6 @@ def remove_tree(path: str) -> None:
         os.unlink(path)
 
 
-def retire_and_remove(path: str, removing: str) -> None:
-    """Rename ``path`` to ``removing`` in one step, then delete it: no half-deleted ``path`` is ever seen."""
-    if os.path.lexists(path):
-        remove_tree(removing)
-        os.rename(path, removing)
-    remove_tree(removing)
-
-
 MAX_JSON_BYTES = 64 << 20  # a manifest of 100k cells is ~30 MB; markers are far smaller
 
 

@@ -407,7 +407,7 @@ def test_bfloat16_values_are_stored_as_float32_under_their_own_name(tmp_path):
         with dump.step(0):
             dump.network(x)
         dump.detach()
-        report = dump.process(timeout=60)
+        report = mf_celldump.process_captured(dump, timeout=60)
     finally:
         emulator.close()
     assert report.ok, report.summary()

@@ -362,7 +362,7 @@ def test_msprobe_compare_pairs_mcore_names_with_the_bundled_mcore_file(dumps, tm
         [
             sys.executable,
             "-m",
-            "mf_celldump.mapping.cli",
+            "mf_celldump.cli.mapping",
             "check",
             "mcore_gpt",
             "--target",

@@ -27,7 +27,7 @@ def _run(mode, task, dump_path, perturb=False, steps=2):
         with dump.step(step):
             train(cn.make_input())
     dump.detach()
-    report = dump.process()
+    report = mf_celldump.process_captured(dump)
     assert report.ok, report.summary()
     return dump_path
 

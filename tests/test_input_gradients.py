@@ -83,7 +83,7 @@ def test_mask_gradient_and_int_inputs(tmp_path, caplog, mode, backend):
     nested = [r.getMessage() for r in caplog.records if "inside tuple/list arguments" in r.getMessage()]
     assert len(nested) == 1 and nested[0].startswith("Attend: ")
     # Processed: the null stands at output.0, the mask at output.1, in dump.json.
-    dump.process()
+    mf_celldump.process_captured(dump)
     with open(os.path.join(str(tmp_path), "step0", "rank", "dump.json"), encoding="utf-8") as handle:
         data = json.load(handle)["data"]
     # Graph mode runs nn.TrainOneStepCell's forward twice where the probes keep it from merging the loss's

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from mindspore import nn
 
+from mf_celldump.cli import mapping as mapping_cli
 from mf_celldump.mapping import (
     ArgModes,
     check_mapping,
@@ -20,8 +21,8 @@ from mf_celldump.mapping import (
     named_classes,
     parse_mapping_text,
     resolve_mapping,
+    sample_networks,
 )
-from mf_celldump.mapping import cli as mapping_cli
 
 # --- a small network whose class names match the bundled mcore_gpt file ----------------
 
@@ -87,7 +88,7 @@ def toy_cells():
 @pytest.fixture(scope="module")
 def tiny_llama():
     """MindFormers' LLaMA with two tiny layers, built once (in a temporary working directory)."""
-    return mapping_cli.build_model("tiny-llama")
+    return sample_networks.build_model("tiny-llama")
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +316,7 @@ def test_cli_check_against_model(capsys, tmp_path, tiny_llama):
 
 @pytest.mark.parametrize(
     "command",
-    [["mf_celldump.cli", "mapping"], ["mf_celldump.mapping.cli"]],
+    [["mf_celldump.cli", "mapping"], ["mf_celldump.cli.mapping"]],
     ids=["mf-celldump", "standalone"],
 )
 def test_cli_as_subprocess(tmp_path, command):
@@ -348,7 +349,7 @@ def test_bundled_mcore_matches_real_mcore_models(tmp_path):
     """tiny Qwen3 and DeepSeek-V3 (mcore) need a process each: they switch MindFormers to use_legacy=False."""
     procs = {
         model: subprocess.Popen(
-            [sys.executable, "-m", "mf_celldump.mapping.cli", "check", "auto", "--model", model],
+            [sys.executable, "-m", "mf_celldump.cli.mapping", "check", "auto", "--model", model],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -375,8 +376,6 @@ def test_bundled_mcore_matches_real_mcore_models(tmp_path):
 
 
 def test_bundled_file_by_name_or_path_same_verdict(capsys, tiny_llama, monkeypatch):
-    from mf_celldump.mapping import sample_networks
-
     monkeypatch.setattr(mapping_cli, "build_model", lambda spec: tiny_llama)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outputs = []

@@ -9,8 +9,9 @@ import textwrap
 import numpy as np
 import pytest
 
+from mf_celldump.cli import process as cli
+from mf_celldump.cli.conventions import ExitCode
 from mf_celldump.fsutil import FolderLock
-from mf_celldump.processing import cli
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import (
     DumpNotFoundError,
@@ -206,7 +207,7 @@ def test_truncated_npy_is_reported_rest_processed_raw_kept(tmp_path, capsys):
     )
     assert not os.path.exists(os.path.join(builder.rank_dir, fmt.PROCESSED_DIR, "step0.json"))
     # the CLI says so and exits 1; the raw data stays for as long as the problem does
-    assert run_cli([dump]) == cli.EXIT_PROBLEMS
+    assert run_cli([dump]) == ExitCode.FOUND
     out = capsys.readouterr().out
     assert "PROBLEMS: 1" in out and victim in out
     assert os.path.isdir(raw)
@@ -228,23 +229,23 @@ def test_bad_inputs_raise_clear_errors(tmp_path, capsys):
     RawDumpBuilder(manifest_only).write_manifest()
     with pytest.raises(EmptyDumpError, match="no captured step"):
         process_dump(manifest_only)
-    assert run_cli([str(tmp_path / "missing")]) == cli.EXIT_BAD_INPUT
+    assert run_cli([str(tmp_path / "missing")]) == ExitCode.BAD_INPUT
     assert "does not exist" in capsys.readouterr().err
-    assert run_cli([str(other)]) == cli.EXIT_BAD_INPUT
+    assert run_cli([str(other)]) == ExitCode.BAD_INPUT
     assert "not an mf_celldump capture folder" in capsys.readouterr().err
-    assert run_cli([str(empty), "--steps", "7-2"]) == cli.EXIT_BAD_INPUT
+    assert run_cli([str(empty), "--steps", "7-2"]) == ExitCode.BAD_INPUT
     assert "reversed" in capsys.readouterr().err
 
 
 def test_cli_ok_summary_selection_and_second_run(tmp_path, capsys):
     dump = str(tmp_path / "dump")
     build_dump(dump, steps=3)
-    assert run_cli([dump, "--steps", "0,2", "--jobs", "1", "--keep-raw"]) == cli.EXIT_OK
+    assert run_cli([dump, "--steps", "0,2", "--jobs", "1", "--keep-raw"]) == ExitCode.OK
     out = capsys.readouterr().out
     assert "processed 2 step folder(s): steps 0,2, ranks 0" in out and "entries" in out
     assert sorted(os.listdir(dump)) == ["_raw", "step0", "step2"]
-    assert run_cli([dump, "--only-complete"]) == cli.EXIT_OK
-    assert run_cli([dump]) == cli.EXIT_OK
+    assert run_cli([dump, "--only-complete"]) == ExitCode.OK
+    assert run_cli([dump]) == ExitCode.OK
     assert "nothing to do" in capsys.readouterr().out
 
 

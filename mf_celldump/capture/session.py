@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from mf_celldump import __version__
 from mf_celldump.capture.backends import (
     BackendContext,
     BackendSetupError,
@@ -40,6 +39,7 @@ from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.writer import RawWriter
+from mf_celldump.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class StepEnd:
     and whether it completed (False: training failed in it, its raw data stays unmarked).
 
     ``written_later``: MindSpore writes the step's raw files after the step (graph-mode
-    TensorDump); wait for them (``CellDump.wait_for_files``) before processing.
+    TensorDump); wait for them (``integrations.captured.wait_for_files``) before processing.
     """
 
     step: int
@@ -122,7 +122,6 @@ class CellDump:
         self.dump_path = dump_path
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self.captured_steps: List[int] = []
-        self.processed_steps: List[int] = []  # by process(), whose outputs are in place
         self.cells: List[SelectedCell] = []
         self.backend: Optional[CaptureBackend] = None
         self.writer: Optional[RawWriter] = None
@@ -139,7 +138,8 @@ class CellDump:
         self.steps_remain = bool(config.steps.from_value(initial_step, 1))
 
     # -- attach / detach -----------------------------------------------------------------
-    def _attach(self) -> None:
+    def attach(self) -> None:
+        """Wrap the selected cells and write the manifest; ``detach`` undoes it. Called once, by ``attach()``."""
         import mindspore as ms
 
         graph_mode = self.graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
@@ -206,10 +206,17 @@ class CellDump:
                         run_id=self.run_id, parameters=self.config.captures_weights, details=details, **fields)
 
     def detach(self) -> None:
-        """Restore every wrapped cell, stop capture ops still compiled into graphs, close files."""
+        """Restore every wrapped cell, stop capture ops still compiled into graphs, close files.
+
+        A step still running is aborted, never completed: only ``end_step`` completes a step,
+        so a step cut short (an exception inside ``with attach(...)``) keeps its raw data unmarked.
+        """
         if not self.attached:
             return
-        self.end_step()
+        if self._running is not None:
+            logger.warning("step %d was still running at detach: it is not marked complete (end_step completes "
+                           "a step); its raw data stays for `mf-celldump process`", self._running)
+            self.abort_step()
         if self._parameters is not None:
             self._parameters.restore()
         for installed in reversed(self._installed):
@@ -227,11 +234,6 @@ class CellDump:
         logger.info("capture detached from %s", type(self.model).__name__)
 
     # -- the step state machine: idle -> running(step) -> idle ---------------------------
-    @property
-    def current_step(self) -> Optional[int]:
-        """The step between ``begin_step`` and ``end_step``/``abort_step``, or None."""
-        return self._running
-
     def step_selected(self, step: int) -> bool:
         return self.backend is not None and self.runtime.rank_selected and step in self.config.steps
 
@@ -309,38 +311,6 @@ class CellDump:
             raise
         self.end_step()
 
-    # -- processing ------------------------------------------------------------------------
-    def wait_for_files(self, steps: Optional[Sequence[int]] = None, timeout: Optional[float] = None):
-        """Wait until MindSpore has written the captured ``steps`` (default: those not processed yet); a ``StepsWait``.
-
-        Returns at once for captures whose files are written during the step. ``timeout``
-        defaults to ``processing.async_steps.DEFAULT_TIMEOUT_S``.
-        """
-        from mf_celldump.processing import async_steps
-
-        if steps is None:
-            steps = [s for s in self.captured_steps if s not in self.processed_steps]
-        wanted = list(steps)
-        if not self.writes_later or not wanted:
-            return async_steps.StepsWait(ready=wanted)
-        return async_steps.wait_for_steps(self.dump_path, self.rank, wanted, timeout=timeout)
-
-    def process(self, steps: Optional[Sequence[int]] = None, observer=None, timeout: Optional[float] = None):
-        """Turn this rank's complete raw steps into msprobe's layout (see processing).
-
-        Steps MindSpore writes after the fact are waited for first (up to ``timeout``);
-        the report names those still missing then.
-        """
-        from mf_celldump.processing.driver import process_dump
-
-        waited = self.wait_for_files(steps, timeout) if self.writes_later else None
-        report = process_dump(self.dump_path, steps=steps, ranks=[self.rank], jobs=self.config.jobs,
-                              only_complete=True, observer=observer)
-        if waited is not None:
-            report.problems.extend(waited.problems(self.rank))
-        self.processed_steps.extend(o.step for o in report.processed if o.step not in self.processed_steps)
-        return report
-
     def __enter__(self):
         return self
 
@@ -391,5 +361,5 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
         problem = writable_dir_problem(dump_path, create=True)
         if problem:
             raise AttachError(f"dump_path {problem}")
-    dump._attach()
+    dump.attach()
     return dump

@@ -1,5 +1,6 @@
 """Compare two dumps in msprobe's layout and say where they first diverge; find the first NaN/Inf.
 
-``mf-celldump compare TARGET BASELINE`` (:mod:`mf_celldump.compare.cli`) and
-``mf-celldump anomalies DUMP`` (:mod:`mf_celldump.compare.anomalies`). See docs/compare.md.
+The logic of ``mf-celldump compare TARGET BASELINE`` (``engine``) and ``mf-celldump
+anomalies DUMP`` (``anomalies``); their command lines are in ``mf_celldump.cli``. See
+docs/compare.md.
 """

@@ -1,4 +1,4 @@
-"""``mf-celldump anomalies DUMP``: the first NaN/Inf (or value past a magnitude) in execution order.
+"""The first NaN/Inf (or value past a magnitude) in execution order.
 
 Works from the statistics every record carries (Max, Min, Mean, Norm, and nan_count /
 inf_count when dumped), so statistics-task dumps are covered and no tensor is loaded.
@@ -6,24 +6,19 @@ Per step and rank the first anomalous cell is found in execution order, forward 
 backward, descending into the earliest anomalous descendant as the compare report does
 (so a dumper listing parents first still names the innermost cell). Across ranks, the
 earliest step wins, then forward before backward and the earlier position; ranks tied
-there are all named. Exit codes: 0 nothing found, 1 anomalies, 2 bad input.
+there are all named. The command is ``cli/anomalies.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.config import ConfigError, IndexSelection
+from mf_celldump.config import IndexSelection
 from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
 from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
 from mf_celldump.layout.slots import tensor_slots
-
-EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
 
 
 @dataclass
@@ -118,43 +113,8 @@ def scan(path: str, steps: IndexSelection, ranks: IndexSelection, max_abs: Optio
     return {"ranks": results, "first": first_ranks}
 
 
-def add_cli(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "anomalies",
-        help="find the first NaN/Inf (or too large value) in execution order",
-        description="Scan a dump (ours or msprobe's, tensor or statistics task) for NaN, Inf and, with "
-        "--max-abs, values whose magnitude exceeds it. Exit 0 nothing found, 1 found, 2 bad input.",
-    )
-    parser.add_argument("dump", metavar="DUMP", help="dump root, step folder or rank folder")
-    parser.add_argument("--max-abs", type=float, default=None, help="also report |values| above this")
-    parser.add_argument("--steps", default="all")
-    parser.add_argument("--ranks", default="all")
-    parser.add_argument("--json", action="store_true")
-    parser.set_defaults(func=run_anomalies)
-    return parser
-
-
-def run_anomalies(args: argparse.Namespace, out=None) -> int:
-    out = out or sys.stdout
-    try:
-        result = scan(
-            args.dump,
-            IndexSelection.parse(args.steps, "--steps"),
-            IndexSelection.parse(args.ranks, "--ranks"),
-            args.max_abs,
-        )
-    except (DumpError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    code = EXIT_FOUND if result["first"] else EXIT_OK
-    if args.json:
-        print(json.dumps(_json(result, code), indent=1, default=str), file=out)
-    else:
-        print(_text(result), file=out)
-    return code
-
-
-def _json(result, code) -> dict:
+def result_json(result: Dict[str, Any], code: int) -> dict:
+    """The result of ``scan`` as JSON-ready data, with the exit code the command returns."""
     def finding(item: Optional[Finding]):
         return None if item is None else dict(asdict(item), note=item.note)
 
@@ -165,7 +125,8 @@ def _json(result, code) -> dict:
     }
 
 
-def _text(result) -> str:
+def result_text(result: Dict[str, Any]) -> str:
+    """The result of ``scan`` as the lines the command prints."""
     lines = []
     for item in result["ranks"]:
         where = f"step {item['step'] if item['step'] is not None else '-'} {item['rank']}"

@@ -196,7 +196,9 @@ class TrainingRun:
 
     def _wait_unprocessed(self, failed: bool) -> None:
         """Without processing, still let MindSpore finish writing before the process may exit."""
-        waited = self.dump.wait_for_files(timeout=self._wait_s(failed))
+        from mf_celldump.integrations.captured import wait_for_files
+
+        waited = wait_for_files(self.dump, timeout=self._wait_s(failed))
         self.summary.problems.extend(waited.problems(self.dump.rank))
 
     def _fold(self, report) -> None:

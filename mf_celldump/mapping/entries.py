@@ -9,7 +9,7 @@ name a cell corresponds to.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.config import ConfigError
 from mf_celldump.mapping.compare_rules import CompareRules, RuleValue, format_rules, parse_rules
@@ -117,3 +117,23 @@ def merge(base: LayerMapping, override: Optional[LayerMapping]) -> LayerMapping:
     top_layer.update(override.top_layer)
     sources = base.sources + tuple(s for s in override.sources if s not in base.sources)
     return LayerMapping(classes=classes, top_layer=top_layer, sources=sources)
+
+
+def format_mapping(mapping: LayerMapping) -> str:
+    """Readable view: one line per entry with effective modes and where it came from."""
+    lines = [f"# from: {', '.join(mapping.sources)}"]
+    sections: List[Tuple[str, dict]] = list(mapping.classes.items())
+    if mapping.top_layer:
+        sections.append((TOP_LAYER, mapping.top_layer))
+    for section, entries in sections:
+        lines.append(f"{section}:")
+        if not entries:
+            lines.append("  (no entries)")
+        for key, modes in entries.items():
+            inputs = ", ".join(modes.input_modes) or "-"
+            outputs = ", ".join(modes.output_modes) or "-"
+            lines.append(
+                f"  {key or '(the cell itself)'} -> {modes.bench_name}  inputs: {inputs}  outputs: {outputs}"
+                f"  [{modes.where}]"
+            )
+    return "\n".join(lines)

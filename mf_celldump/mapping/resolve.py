@@ -65,6 +65,24 @@ def resolve_mapping(specs: Tuple[str, ...], class_names: Optional[Set[str]] = No
     return result
 
 
+def load_one(spec: str) -> LayerMapping:
+    """One mapping by bundled name or file path, as ``mapping show`` reads it.
+
+    A bundled name wins, as in ``resolve_mapping``, whatever the current folder holds
+    (a folder ``llama/`` beside you does not shadow the bundled ``llama``; ``./llama``
+    names a file of yours).
+    """
+    if spec in bundled_names():
+        return load_bundled(spec)
+    if not os.path.isfile(spec):
+        what = "a folder" if os.path.isdir(spec) else "not found"
+        raise MappingError(
+            f"{spec!r} is neither a bundled mapping ({', '.join(bundled_names())}) nor a mapping file ({what})"
+        )
+    same = bundled_name_of(spec)
+    return load_bundled(same) if same is not None else load_mapping_file(spec)
+
+
 def named_classes(named_cells: Iterable[Tuple[str, Any]]) -> List[Tuple[str, str]]:
     """(name, class name) pairs from (name, cell) or (name, class name) pairs."""
     return [(name, item if isinstance(item, str) else type(item).__name__) for name, item in named_cells]

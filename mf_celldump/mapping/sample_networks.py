@@ -9,10 +9,11 @@ with mcore models does), so use them in a process of their own, as the CLI does.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import tempfile
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator, Optional
 
 
 class ModelSpecError(ValueError):
@@ -124,3 +125,33 @@ def stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def build_model(spec: str) -> Any:
+    """Build the network named by ``--model``: a built-in name or ``package.module:callable``."""
+    if spec in BUILTIN_MODELS:
+        return build_builtin(spec)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelSpecError(
+            f"expected a built-in model ({', '.join(BUILTIN_MODELS)}) or 'package.module:callable', "
+            f"got {spec!r}"
+        )
+    if os.getcwd() not in sys.path:
+        # like `python -m`: a module next to the user's files is importable from the console script too
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ModelSpecError(f"cannot import {module_name!r}: {err}") from None
+    factory: Optional[Callable[[], Any]] = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise ModelSpecError(f"{module_name!r} has no callable {attr!r}")
+    try:
+        with stdout_to_stderr():
+            network = factory()
+    except Exception as err:  # a user factory can fail in any way; report it as bad input
+        raise ModelSpecError(f"{spec} raised {type(err).__name__}: {err}") from None
+    if not hasattr(network, "cells_and_names"):
+        raise ModelSpecError(f"{spec} returned {type(network).__name__}, not a MindSpore nn.Cell")
+    return network

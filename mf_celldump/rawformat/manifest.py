@@ -9,9 +9,8 @@ message saying which versions it reads.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
 from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
@@ -122,9 +121,6 @@ class Manifest:
         out.update(self.details)
         out["cells"] = [c.to_json() for c in sorted(self.cells.values(), key=lambda c: c.cell_id)]
         return out
-
-    def with_changes(self, **changes) -> Manifest:
-        return dataclasses.replace(self, **changes)
 
 
 def write_manifest(path: str, manifest: Manifest) -> None:
@@ -249,7 +245,3 @@ def load_manifest(path: str, root_real: str) -> Manifest:
         raise ManifestError(f"{path}: unreadable ({_short(str(err))}); "
                             "restore it from the training run's dump folder") from None
     return manifest_from_json(data, path)
-
-
-def cell_list(cells: List[CellRecord]) -> Dict[int, CellRecord]:
-    return {c.cell_id: c for c in cells}

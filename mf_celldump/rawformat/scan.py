@@ -38,9 +38,6 @@ class StepSource:
     kbk_csvs: List[str] = field(default_factory=list)
     complete: bool = False
 
-    def kbk_dirs(self) -> List[str]:
-        return sorted({os.path.dirname(p) for p in self.kbk_csvs})
-
 
 @dataclass
 class StepFiles:

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     _pynative_executor.sync()
     dump.end_step()
     dump.detach()
-    report = dump.process()
+    report = mf_celldump.process_captured(dump)
     return 0 if report.ok else 1
 
 

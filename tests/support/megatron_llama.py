@@ -147,7 +147,7 @@ def dump_ours(train, batch, out: str, task: str) -> float:
     _pynative_executor.sync()
     dump.end_step()
     dump.detach()
-    report = dump.process()
+    report = mf_celldump.process_captured(dump)
     if not report.ok:
         raise SystemExit(f"processing failed: {report.summary()}")
     return loss

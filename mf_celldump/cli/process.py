@@ -11,13 +11,10 @@ import argparse
 import logging
 import sys
 
-from mf_celldump.config import ConfigError, IndexSelection, resolve_jobs
+from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
+from mf_celldump.config import ConfigError, resolve_jobs
 
 logger = logging.getLogger(__name__)
-
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_BAD_INPUT = 2
 
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
@@ -28,12 +25,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
         "a run that was interrupted is completed by the next one.",
     )
     parser.add_argument("dump_path", metavar="DUMP_PATH", help="the dump_path of the training run")
-    parser.add_argument(
-        "--steps", metavar="SPEC", default=None, help="steps to process, e.g. '0,5-7' (default: all)"
-    )
-    parser.add_argument(
-        "--ranks", metavar="SPEC", default=None, help="ranks to process, e.g. '0-3' (default: all)"
-    )
+    add_selection_arguments(parser, "process")
     parser.add_argument(
         "--jobs", metavar="N", type=int, default=None, help="worker processes (default: CPU count)"
     )
@@ -53,12 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from mf_celldump.processing.observer import ProgressObserver
 
     try:
-        steps = IndexSelection.parse(args.steps, "--steps")
-        ranks = IndexSelection.parse(args.ranks, "--ranks")
+        steps, ranks = parse_selection(args)
         resolve_jobs(args.jobs, "--jobs")
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return bad_input(err)
     try:
         report = process_dump(
             args.dump_path,
@@ -70,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
             observer=ProgressObserver(show_bar=sys.stderr.isatty()),
         )
     except (ProcessingError, UnsafePathError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return bad_input(err)
     print(report.summary())
     if report.selection_matched_nothing:
-        return EXIT_BAD_INPUT
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+        return ExitCode.BAD_INPUT
+    return ExitCode.OK if report.ok else ExitCode.FOUND

@@ -6,15 +6,8 @@ import argparse
 import os
 import sys
 
-REGISTRATION_MODULE = "celldump_callback"
-CALLBACK_CLASS = "CellDumpCallback"
-
-
-def registration_dir() -> str:
-    """Directory of the file that YAML ``auto_register: celldump_callback.CellDumpCallback`` loads."""
-    # Located without importing the package's registration module (which imports MindSpore).
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(here), "registration")
+from mf_celldump.cli.conventions import ExitCode
+from mf_celldump.registration import CALLBACK_CLASS, REGISTRATION_MODULE, registration_dir
 
 
 def add_cli(subparsers) -> None:
@@ -49,6 +42,6 @@ def _run(args) -> int:
     path = registration_dir()
     if not os.path.isfile(os.path.join(path, REGISTRATION_MODULE + ".py")):
         print(f"error: registration file missing under {path}; reinstall mf_celldump", file=sys.stderr)
-        return 1
+        return ExitCode.BAD_INPUT
     print(callback_entry(path) if args.yaml else path)
-    return 0
+    return ExitCode.OK

@@ -1,7 +1,9 @@
-"""The ``mf-celldump`` command: one sub-command per subsystem.
+"""The ``mf-celldump`` command: one module per sub-command, conventions in ``conventions``.
 
-Each subsystem module exposes ``add_cli(subparsers)`` that registers its
-sub-command and sets ``func`` (returning an exit code) on the parsed namespace.
+Each sub-command module exposes ``add_cli(subparsers)``, which registers it and sets
+``func`` (returning an exit code) on the parsed namespace. The logic each one runs lives
+in its subsystem (processing, mapping, compare, integrations); these modules only parse
+arguments and print.
 """
 
 from __future__ import annotations
@@ -11,14 +13,12 @@ import logging
 import sys
 from typing import List, Optional
 
+from mf_celldump.cli.conventions import ExitCode
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from mf_celldump import __version__
-    from mf_celldump.compare import anomalies as anomalies_cli
-    from mf_celldump.compare import cli as compare_cli
-    from mf_celldump.integrations import registration_cli
-    from mf_celldump.mapping import cli as mapping_cli
-    from mf_celldump.processing import cli as processing_cli
+    from mf_celldump.cli import anomalies, compare, mapping, process, register_path
+    from mf_celldump.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="mf-celldump",
@@ -28,24 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    processing_cli.add_cli(sub)
-    mapping_cli.add_cli(sub)
-    registration_cli.add_cli(sub)
-    compare_cli.add_cli(sub)
-    anomalies_cli.add_cli(sub)
+    for module in (process, mapping, register_path, compare, anomalies):
+        module.add_cli(sub)
     return parser
-
-
-EXIT_INTERRUPTED = 130
-EXIT_INTERNAL = 3
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one sub-command; whatever happens, the user gets a message and an exit status, not a traceback.
 
-    Sub-commands report bad input themselves (exit 1 or 2). What still escapes is a file
-    system failure (a message naming the path) or a bug in mf_celldump (exit 3; ``-v``
-    shows the traceback to report).
+    Sub-commands report bad input themselves (``conventions.ExitCode``). What still escapes
+    is a file system failure (a message naming the path) or a bug in mf_celldump (exit 3;
+    ``-v`` shows the traceback to report).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -57,15 +50,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted; re-running the same command finishes the work safely", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     except OSError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     except Exception as err:  # a bug: say so briefly, the traceback with -v
         logging.getLogger(__name__).debug("internal error", exc_info=True)
         print(f"internal error in mf-celldump ({type(err).__name__}: {str(err)[:300]}); run with -v for the "
               "traceback and report it", file=sys.stderr)
-        return EXIT_INTERNAL
+        return ExitCode.INTERNAL
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""``mf-celldump anomalies DUMP``: the first NaN/Inf (or value past a magnitude) in execution order.
+
+Exit codes: 0 nothing found, 1 anomalies, 2 bad input (``conventions.ExitCode``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
+from mf_celldump.compare.anomalies import result_json, result_text, scan
+from mf_celldump.config import ConfigError
+from mf_celldump.layout.reader import DumpError
+
+
+def add_cli(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "anomalies",
+        help="find the first NaN/Inf (or too large value) in execution order",
+        description="Scan a dump (ours or msprobe's, tensor or statistics task) for NaN, Inf and, with "
+        "--max-abs, values whose magnitude exceeds it. Exit 0 nothing found, 1 found, 2 bad input.",
+    )
+    parser.add_argument("dump", metavar="DUMP", help="dump root, step folder or rank folder")
+    parser.add_argument("--max-abs", type=float, default=None, help="also report |values| above this")
+    add_selection_arguments(parser, "scan")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=run_anomalies)
+    return parser
+
+
+def run_anomalies(args: argparse.Namespace, out=None) -> int:
+    out = out or sys.stdout
+    try:
+        steps, ranks = parse_selection(args)
+        result = scan(args.dump, steps, ranks, args.max_abs)
+    except (DumpError, ConfigError) as err:
+        return bad_input(err)
+    code = ExitCode.FOUND if result["first"] else ExitCode.OK
+    if args.json:
+        print(json.dumps(result_json(result, int(code)), indent=1, default=str), file=out)
+    else:
+        print(result_text(result), file=out)
+    return code

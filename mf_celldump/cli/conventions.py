@@ -1,0 +1,45 @@
+"""What every ``mf-celldump`` sub-command shares: exit codes, ``--steps``/``--ranks``, error lines.
+
+Exit codes, the same for every sub-command: 0 fine; 1 the command ran and found
+something (problems while processing, a divergence, an anomaly, a mapping that does not
+match); 2 bad input (the command could not do what was asked); 3 a bug in mf_celldump;
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from enum import IntEnum
+from typing import Tuple
+
+from mf_celldump.config import IndexSelection
+
+ALL = "all"
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FOUND = 1  # problems, a divergence, an anomaly: the command ran and reports them
+    BAD_INPUT = 2
+    INTERNAL = 3
+    INTERRUPTED = 130
+
+
+def add_selection_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    """``--steps`` and ``--ranks`` with one spelling and one default (``all``)."""
+    parser.add_argument("--steps", metavar="SPEC", default=ALL,
+                        help=f"steps to {verb}: all, 3, '0,5-7' (default: all)")
+    parser.add_argument("--ranks", metavar="SPEC", default=ALL,
+                        help=f"ranks to {verb}: all, 0, '0-3' (default: all)")
+
+
+def parse_selection(args: argparse.Namespace) -> Tuple[IndexSelection, IndexSelection]:
+    """The (steps, ranks) of ``add_selection_arguments``; raises ``ConfigError`` naming the option."""
+    return IndexSelection.parse(args.steps, "--steps"), IndexSelection.parse(args.ranks, "--ranks")
+
+
+def bad_input(message: object) -> ExitCode:
+    """Print ``error: message`` on stderr; the exit code of bad input."""
+    print(f"error: {message}", file=sys.stderr)
+    return ExitCode.BAD_INPUT
