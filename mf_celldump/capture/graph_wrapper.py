@@ -28,7 +28,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from mf_celldump.capture.backends.base import GraphFace, InputTie
+from mf_celldump.capture.backends.base import GraphFace, GraphProbe, InputTie, check_probe
 from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
 from mf_celldump.capture.selection import SelectedCell
@@ -59,7 +59,7 @@ class _GraphHelpers:
     default: Callable  # (value, original default) -> the default when the caller left the parameter out
 
 
-def _graph_helpers(probe: Callable, note_constants: Optional[Callable], call_number: Optional[Callable],
+def _graph_helpers(probe: GraphProbe, note_constants: Optional[Callable], call_number: Optional[Callable],
                    input_tie: Optional[InputTie] = None, class_name: str = "",
                    gaps: Optional[GradientGapLog] = None) -> _GraphHelpers:
     """Graph-parsable helpers shared by both graph wrapper shapes.
@@ -248,7 +248,7 @@ def _constant_collectors(extend: Callable):
     return constants_of, constants_of_items
 
 
-def _capturers(probe: Callable, extend: Callable, uses_in: Callable, class_name: str = "",
+def _capturers(probe: GraphProbe, extend: Callable, uses_in: Callable, class_name: str = "",
                gaps: Optional[GradientGapLog] = None):
     """``capture``, ``capture_items``, ``capture_output`` and ``after``: tensors through ``probe``
     (the call's note handed to its first tensor), everything else returned as it came."""
@@ -302,7 +302,7 @@ def _capturers(probe: Callable, extend: Callable, uses_in: Callable, class_name:
             return probe(value, head, path, use_in, note, call)
         if isconstant(value):
             return value  # the same object: a compile-time constant stays one
-        return probe(value, head, path, use_in, 0)  # a variable scalar (``mutable``)
+        return probe(value, head, path, use_in, 0, call)  # a variable scalar (``mutable``)
 
     def capture_output(out, head, flags, note, call):
         if isinstance(out, tuple):
@@ -322,7 +322,9 @@ def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, so
     heads = {slot: (selected.cell_id, SLOT_CODES[slot]) for slot in SLOTS}
     records_constants = face.constants_function()
     record_inputs = face.input_gradients_function()
-    helpers = _graph_helpers(face.probe_function(), records_constants, face.call_function(),
+    probe = face.probe_function()
+    check_probe(probe, GraphProbe, type(face).__name__)
+    helpers = _graph_helpers(probe, records_constants, face.call_function(),
                              record_inputs(selected.cell_id) if record_inputs is not None else None,
                              type(selected.cell).__name__, gaps)
     if any(slot.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for slot in slots):

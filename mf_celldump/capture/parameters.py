@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from mf_celldump.capture.backends.base import GradientProbe, check_probe
 from mf_celldump.capture.construct_patch import InstalledConstruct, install
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.sink import RawSink
@@ -120,7 +121,7 @@ class ParameterCapture:
             self._record(ProbeKey(owner.cell_id, FORWARD, SLOT_WEIGHT, KIND_TENSOR, (owner.index,)), param)
 
     # -- gradients ---------------------------------------------------------------------
-    def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[Callable]) -> None:
+    def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[GradientProbe]) -> None:
         """PyNative: hook the parameters; graph mode: wrap the optimizer inside ``network``."""
         if not (self.config.captures_weight_gradients and self.owners):
             return
@@ -150,7 +151,7 @@ class ParameterCapture:
 
         return hook
 
-    def wrap_optimizer(self, network, gradient_probe: Optional[Callable]) -> None:
+    def wrap_optimizer(self, network, gradient_probe: Optional[GradientProbe]) -> None:
         """Wrap the optimizer inside ``network`` so the gradients it receives are recorded (graph mode)."""
         optimizer = find_optimizer(network)
         if optimizer is None:
@@ -164,6 +165,7 @@ class ParameterCapture:
             logger.warning("this capture backend records no gradient in graph mode outside a cell: "
                            "parameters_grad is not recorded")
             return
+        check_probe(gradient_probe, GradientProbe, "graph")
         construct = _graph_optimizer_construct(optimizer.construct, table, gradient_probe)
         if construct is not None:
             self.installed.append(install(optimizer, construct))
@@ -233,7 +235,7 @@ def find_optimizer(network):
     return None
 
 
-def _graph_optimizer_construct(original, table: Dict[int, List[_Owner]], probe: Callable) -> Optional[Callable]:
+def _graph_optimizer_construct(original, table: Dict[int, List[_Owner]], probe: GradientProbe) -> Optional[Callable]:
     """Source for an optimizer ``construct`` that passes each mapped gradient through ``probe``.
 
     Straight-line code (no loop, see graph_wrapper's notes), the original's explicit

@@ -13,10 +13,11 @@ defaults do nothing:
 
 from __future__ import annotations
 
+import inspect
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Optional, Protocol, Tuple
 
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.sink import RawSink
@@ -77,21 +78,56 @@ class PyNativeFace(ABC):
         """Record that input ``key`` (a backward key, kind None) can have no gradient: an explicit null."""
 
 
+class GraphProbe(Protocol):
+    """What the wrapped ``construct`` calls for every captured value in graph mode.
+
+    Called from graph code with exactly these six positional arguments (the graph parser
+    gives no keyword or default-argument safety net, so a missing one fails the compile):
+    ``value`` (a Tensor or a non-tensor value), ``head`` = (cell id, slot code[, backward
+    rank]), ``path`` = the value's index path, ``use_in`` = the layer mapping's ``in`` mode,
+    ``note`` = the call's constants id (0 but for the call's first tensor), ``call`` = what
+    ``call_function`` returned at the start of the call (-1 when the backend has none).
+    """
+
+    def __call__(self, value: Any, head: Tuple[int, ...], path: Tuple[int, ...], use_in: bool, note: int,
+                 call: int) -> Any: ...
+
+
+class GradientProbe(Protocol):
+    """``probe(value, head, path) -> value``: records a tensor that is itself a gradient."""
+
+    def __call__(self, value: Any, head: Tuple[int, ...], path: Tuple[int, ...]) -> Any: ...
+
+
+def check_probe(probe: Callable, protocol: type, backend: str) -> None:
+    """Refuse a backend probe whose parameters differ from ``protocol``'s, before any graph is compiled.
+
+    MindSpore reports such a mismatch only when it compiles the first graph that calls
+    the probe, as a parse error far from its cause.
+    """
+    wanted = [name for name in inspect.signature(protocol.__call__).parameters if name != "self"]
+    params = list(inspect.signature(probe).parameters.values())
+    kinds = {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    if len(params) != len(wanted) or any(p.kind not in kinds or p.default is not p.empty for p in params):
+        raise TypeError(f"the {backend} backend's {protocol.__name__} takes ({', '.join(p.name for p in params)}); "
+                        f"the contract is ({', '.join(wanted)}), all positional, no defaults")
+
+
 class GraphFace(ABC):
     """Capture in graph mode: one graph-parsable probe function, and optionally a recorder of
     the non-tensor values a call receives."""
 
     @abstractmethod
-    def probe_function(self) -> Callable:
-        """``probe(value, head, path, use_in, note, call) -> value``; ``head`` = (cell id, slot code).
+    def probe_function(self) -> GraphProbe:
+        """The :class:`GraphProbe` of this backend.
 
         A non-tensor ``value`` must come back as the very same object, with no operation
         applied to it: a value that is a constant to MindSpore's compiler (``None``, a Python
-        int, a flag) has to stay one for the wrapped ``construct``. ``note`` is
-        the id ``constants_function`` gave for this call's constant values, handed to the
-        first tensor probe of the call (0 for the others): emitting those values when that
-        probe runs records them once per call without any op of their own. ``call`` is what
-        ``call_function`` returned at the start of the call (-1 when the backend has none).
+        int, a flag) has to stay one for the wrapped ``construct``; a variable scalar
+        (``mutable``) is recorded by backends that can. ``note`` is the id
+        ``constants_function`` gave for this call's constant values, handed to the first
+        tensor probe of the call (0 for the others): emitting those values when that probe
+        runs records them once per call without any op of their own.
         """
 
     def call_function(self) -> Optional[Callable]:
@@ -112,9 +148,9 @@ class GraphFace(ABC):
         positional arguments (``graph_wrapper``); None: this backend records no input gradients."""
         return None
 
-    def gradient_probe_function(self) -> Optional[Callable]:
-        """``probe(value, head, path) -> value`` recording a tensor that is itself a gradient (what the
-        optimizer receives) as a backward value when it runs; None if the backend cannot."""
+    def gradient_probe_function(self) -> Optional[GradientProbe]:
+        """A :class:`GradientProbe` recording a tensor that is itself a gradient (what the optimizer
+        receives) as a backward value when it runs; None if the backend cannot."""
         return None
 
 

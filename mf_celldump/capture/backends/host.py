@@ -326,18 +326,22 @@ class HostGraph(GraphFace):
         forward_enabled = self.backend.config.captures_forward
         int32, int64, float32, bool_ = ms.int32, ms.int64, ms.float32, ms.bool_
         key_codes = _make_graph_key_codes()
+        to_tensor = ops.scalar_to_tensor
         bool_code, int_code, float_code = KIND_CODES[KIND_BOOL], KIND_CODES[KIND_INT], KIND_CODES[KIND_FLOAT]
 
         def graph_probe(value, head, path, use_in, note, call):
             if isinstance(value, Tensor):
                 return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32), call)
-            if forward_enabled:  # a variable scalar; constants come through notes
+            # A variable scalar (``mutable``); constants come through notes. ``scalar_to_tensor``, not
+            # ``Tensor(value, dtype)``: MindSpore 2.9 compiles the latter on a variable into an any-type
+            # sub-graph, where a Custom op fails ("The prim is not a PrimitivePy", custom_op_infer.cc).
+            if forward_enabled:
                 if isinstance(value, bool):
-                    value_op(Tensor(value, bool_), Tensor(key_codes(head, bool_code, path, None, 0), int32), call)
+                    value_op(to_tensor(value, bool_), Tensor(key_codes(head, bool_code, path, None, 0), int32), call)
                 elif isinstance(value, int):
-                    value_op(Tensor(value, int64), Tensor(key_codes(head, int_code, path, None, 0), int32), call)
+                    value_op(to_tensor(value, int64), Tensor(key_codes(head, int_code, path, None, 0), int32), call)
                 elif isinstance(value, float):
-                    value_op(Tensor(value, float32), Tensor(key_codes(head, float_code, path, None, 0), int32),
+                    value_op(to_tensor(value, float32), Tensor(key_codes(head, float_code, path, None, 0), int32),
                              call)
             return value
 
