@@ -284,6 +284,19 @@ def test_cli_list_and_show(capsys, tmp_path):
     assert run_cli(["mapping", "show", str(tmp_path / "missing.yaml")]) == 2
 
 
+def test_a_folder_named_like_a_bundled_mapping_does_not_shadow_it(capsys, tmp_path, monkeypatch):
+    (tmp_path / "llama").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["mapping", "show", "llama"]) == 0
+    assert "[bundled/llama.yaml:" in capsys.readouterr().out
+    assert run_cli(["mapping", "check", "llama"]) == 0
+    assert "ok: llama" in capsys.readouterr().out
+    (tmp_path / "other").mkdir()
+    assert run_cli(["mapping", "show", "other"]) == 2
+    assert "'other' is neither a bundled mapping (llama, mcore_gpt) nor a mapping file (a folder)" in \
+        capsys.readouterr().err
+
+
 def test_cli_check_syntax_only(capsys, tmp_path):
     good = write(tmp_path, "A:\n  b: c([in])\n", "good.yaml")
     bad = write(tmp_path, "A:\n  b: c([in]\n", "bad.yaml")
