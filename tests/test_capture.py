@@ -444,6 +444,21 @@ def test_a_step_that_raises_is_left_raw_and_unfinished(tmp_path):
     assert [f for f in os.listdir(steps[1]) if f.endswith(".npy")]
 
 
+def test_leaving_the_attach_block_on_an_exception_aborts_the_running_step(tmp_path):
+    cn.set_mode("pynative")
+    net = cn.make_net()
+    with pytest.raises(ValueError, match="boom"), \
+            mf_celldump.attach(net, {"dump_path": str(tmp_path), "task": "tensor"}) as dump:
+        dump.begin_step(0)
+        net(cn.make_input())
+        raise ValueError("boom")
+    assert not dump.attached and dump.captured_steps == []
+    _, steps = raw_steps(str(tmp_path))
+    assert not os.path.exists(os.path.join(steps[0], fmt.STEP_DONE_FILE))
+    assert [f for f in os.listdir(steps[0]) if f.endswith(".npy")]  # kept raw for `mf-celldump process`
+    assert mf_celldump.process_captured(dump).processed == []
+
+
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_backward_call_k_is_the_gradient_of_forward_call_k(tmp_path, mode):
     """Only the call number the running graph hands to each probe pairs backward.k with forward.k here."""
