@@ -25,8 +25,10 @@ CONSTRUCT_JSON = "construct.json"
 STACK_JSON = "stack.json"
 TENSOR_DIR = "dump_tensor_data"
 
-_STEP_RE = re.compile(r"^step(\d{1,12})$")
-_RANK_RE = re.compile(r"^rank(\d{0,9})$")
+# Numbers as ``str(int)`` writes them: a name is ours only if it reads back to itself
+# (``step01`` is not step 1's folder).
+_STEP_RE = re.compile(r"^step(0|[1-9]\d{0,11})$")
+_RANK_RE = re.compile(r"^rank(0|[1-9]\d{0,8})?$")
 
 
 def step_dir_name(step: int) -> str:

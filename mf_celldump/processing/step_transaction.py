@@ -338,7 +338,7 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
         logger.warning("step %d rank %d: %d problem(s); raw data kept", source.step, ctx.rank,
                        len(outcome.problems))
         return
-    fsutil.make_dir(os.path.dirname(marker_path))
+    _make_marker_dir(os.path.dirname(marker_path))
     _check_replaceable(marker_path)
     raw_name = os.path.basename(source.raw_dir) if source.raw_dir else None
     markers.write_processed(marker_path, source.step, outcome.output, raw_name, inputs.digest, inputs.kbk_sizes)
@@ -346,6 +346,15 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
     if remove_raw:
         _remove_sources(ctx, source, inputs, marker_path, outcome)
         observer.on_stage(ctx.rank, source.step, "removed")
+
+
+def _make_marker_dir(folder: str) -> None:
+    try:
+        fsutil.make_dir(folder)
+    except fsutil.UnsafePathError:
+        raise StepProblem(f"{folder} is not a plain folder (a file, or a symlink); refused: what this step "
+                          "consumed cannot be recorded there, so its output is written and its raw data kept (move "
+                          "it away and run again)") from None
 
 
 def _check_replaceable(path: str) -> None:
