@@ -31,6 +31,7 @@ from mf_celldump.capture.graph_wrapper import graph_construct
 from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
+from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
 from mf_celldump.capture.versions import mindspore_version_problem
@@ -156,10 +157,11 @@ class CellDump:
             return
         choice = choose_backend(self.config, self.device, graph_mode)
         logger.info("capture backend: %s (%s)", choice.name, choice.reason)
+        self.cells = select_cells(self.model, self.config)
+        self._claim_dump_path()
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
         context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives)
         self.backend = create_backend(choice.name, context)
-        self.cells = select_cells(self.model, self.config)
         try:
             self.backend.setup(self.initial_step)
             if self.backend.writes_later:
@@ -174,6 +176,19 @@ class CellDump:
         logger.info("capturing %d cells of %s into %s (task=%s, data_mode=%s, steps=%s)",
                     len(self.cells), type(self.model).__name__, self.dump_path,
                     self.config.task, self.config.data_mode, self.config.steps.describe())
+
+    def _claim_dump_path(self) -> None:
+        """Start a run in ``dump_path``, or continue the one this attach resumes (``capture.run_identity``)."""
+        own = self.run_id
+        try:
+            self.run_id = claim(self.dump_path, self.rank, self.distributed, own, [s.record for s in self.cells],
+                                self.config.task, self.initial_step)
+        except DumpInUseError as err:
+            self.detach()
+            raise AttachError(str(err)) from None
+        if self.run_id != own:
+            logger.info("continuing run %s in %s from step %d (a resumed run)", self.run_id, self.dump_path,
+                        self.initial_step)
 
     def _wrap_cells(self, graph_mode: bool) -> None:
         modes = _layer_modes(self.config, self.cells, self.model)

@@ -19,14 +19,19 @@ import os
 from typing import List, Optional, Sequence
 
 from mf_celldump.layout import naming
+from mf_celldump.layout.reader import output_run_id
 
 
 def _unprocessed(dump) -> List[int]:
-    """Captured steps of this rank with no msprobe output in place yet."""
+    """Captured steps of this rank with no msprobe output of this run in place yet.
+
+    An output counts when its ``dump.json`` names this dump's run (``layout.naming.RUN_ID_KEY``):
+    one of an earlier run under the same step number is not this step's.
+    """
     rank_dir = naming.output_rank_dir_name(dump.rank, dump.distributed)
     return [step for step in dump.captured_steps
-            if not os.path.isfile(os.path.join(dump.dump_path, naming.step_dir_name(step), rank_dir,
-                                               naming.DUMP_JSON))]
+            if output_run_id(os.path.join(dump.dump_path, naming.step_dir_name(step), rank_dir,
+                                          naming.DUMP_JSON)) != dump.run_id]
 
 
 def wait_for_files(dump, steps: Optional[Sequence[int]] = None, timeout: Optional[float] = None):

@@ -9,11 +9,15 @@ when the entries are exhausted).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from mf_celldump.layout import naming
 
 CHUNK = 1 << 20
 MAX_ENTRY_CHARS = 256 << 20  # one entry bigger than this is not a dump entry
@@ -82,6 +86,50 @@ class _Cursor:
         return DumpError(f"{self.path}: at character {self.consumed + self.pos}: {message}")
 
 
+def _read_head(cursor: _Cursor, header: Dict[str, Any]) -> bool:
+    """Read the keys before ``data`` into ``header``; True when ``data`` follows (the cursor is at its first entry)."""
+    cursor.expect("{")
+    while True:
+        char = cursor.peek()
+        if char == "}":
+            return False
+        key = cursor.value()
+        if not isinstance(key, str):
+            raise cursor.error("expected a key")
+        cursor.expect(":")
+        if key == "data":
+            cursor.expect("{")
+            return True
+        header[key] = cursor.value()
+        if cursor.peek() == ",":
+            cursor.pos += 1
+
+
+HEAD_BYTES = 64 << 10  # the keys before "data" in a dump.json we wrote
+
+
+def output_run_id(dump_json: str) -> Optional[str]:
+    """The run id (``naming.RUN_ID_KEY``) in the head of a dump.json we wrote; None when absent or unreadable.
+
+    Only the head is read (at most ``HEAD_BYTES``), and never through a link.
+    """
+    try:
+        fd = os.open(dump_json, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = handle.read(HEAD_BYTES).decode("utf-8", "replace")
+    header: Dict[str, Any] = {}
+    try:
+        _read_head(_Cursor(io.StringIO(text), dump_json), header)
+    except (DumpError, RecursionError):
+        pass  # a head cut at HEAD_BYTES or not ours: what was read before still counts
+    value = header.get(naming.RUN_ID_KEY)
+    return value if isinstance(value, str) and value else None
+
+
 class DumpJson:
     """One ``dump.json``: ``header`` (task, level, framework, dump_data_dir) and streamed ``entries()``."""
 
@@ -94,21 +142,7 @@ class DumpJson:
 
     def _to_data(self, cursor: _Cursor) -> bool:
         """Advance to the first entry of ``data``; header keys go to ``self.header``."""
-        cursor.expect("{")
-        while True:
-            char = cursor.peek()
-            if char == "}":
-                return False
-            key = cursor.value()
-            if not isinstance(key, str):
-                raise cursor.error("expected a key")
-            cursor.expect(":")
-            if key == "data":
-                cursor.expect("{")
-                return True
-            self.header[key] = cursor.value()
-            if cursor.peek() == ",":
-                cursor.pos += 1
+        return _read_head(cursor, self.header)
 
     def entries(self) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """(entry name, entry body) in file order, i.e. the dumper's execution order."""

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import fsutil
 from mf_celldump.layout import naming
+from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
 from mf_celldump.processing.entries import Entry, ShapeOf, assign_calls, group_entries, link_parents
 from mf_celldump.processing.errors import NpyReadError
@@ -265,7 +266,8 @@ def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List
 
 def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
     data_dir = os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
-    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed, ctx.manifest.parameters)
+    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed, ctx.manifest.parameters,
+                                     ctx.manifest.run_id)
 
 
 def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry], failed: Dict[int, int]) -> None:
@@ -333,6 +335,7 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
             _remove_sources(ctx, source, inputs, marker_path, outcome)
         return
     outcome.problems.extend(inputs.problems)
+    _check_same_run(ctx, target)
     _assemble(ctx, source, inputs, runner, observer, outcome)
     if outcome.problems:
         logger.warning("step %d rank %d: %d problem(s); raw data kept", source.step, ctx.rank,
@@ -346,6 +349,17 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
     if remove_raw:
         _remove_sources(ctx, source, inputs, marker_path, outcome)
         observer.on_stage(ctx.rank, source.step, "removed")
+
+
+def _check_same_run(ctx: RankContext, target: str) -> None:
+    """An output in place is replaced only by data of the run that wrote it (steps of two runs never mix)."""
+    if not ctx.manifest.run_id or not is_output(target):
+        return
+    other = output_run_id(os.path.join(target, naming.DUMP_JSON))
+    if other is not None and other != ctx.manifest.run_id:
+        raise StepProblem(f"{target} holds the output of run {other!r}, and this raw data is of run "
+                          f"{ctx.manifest.run_id!r} ({ctx.manifest.path}): not replaced, the raw data is kept; "
+                          "process it in a dump folder of its own (move its _raw/rank folder there)")
 
 
 def _make_marker_dir(folder: str) -> None:
