@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -35,10 +36,11 @@ from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
 from mf_celldump.capture.versions import mindspore_version_problem
-from mf_celldump.config import DumpConfig
+from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
+from mf_celldump.rawformat.names import MAX_STEP
 from mf_celldump.rawformat.writer import RawWriter
 from mf_celldump.version import __version__
 
@@ -49,7 +51,19 @@ DEFAULT_MODES = ArgModes(bench_name="")
 
 
 class AttachError(RuntimeError):
-    """The network cannot be captured as asked (wrong type, already attached, bad path)."""
+    """The network cannot be captured as asked (wrong type, already attached, bad path, a detached handle)."""
+
+
+class StepError(ValueError):
+    """A step number that is not a global step: an int from 0 to ``rawformat.names.MAX_STEP``."""
+
+
+def checked_step(step: Any) -> int:
+    """``step`` as an int, or ``StepError``: raw step folders name global steps, which are ints in [0, MAX_STEP]."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= MAX_STEP:
+        raise StepError(f"step {short_repr(step)} is not a training step: a step is the global step number, an "
+                        f"int from 0 to {MAX_STEP} (0 is the first step of training)")
+    return int(step)
 
 
 @dataclass(frozen=True)
@@ -258,7 +272,15 @@ class CellDump:
         return self.backend is not None and self.backend.writes_later
 
     def begin_step(self, step: int) -> Optional[StepEnd]:
-        """Global step ``step`` (0-based) is about to run; ends a step still running (returned)."""
+        """Global step ``step`` (0-based) is about to run; ends a step still running (returned).
+
+        Refuses a step that is not an int in [0, MAX_STEP] (``StepError``) and a detached handle
+        (``AttachError``): their data would go where processing never looks.
+        """
+        step = checked_step(step)
+        if not self.attached:
+            raise AttachError(f"step {step}: this dump of {type(self.model).__name__} is detached; attach again to "
+                              "capture more steps")
         ended = self.end_step()
         selected = self.attached and self.step_selected(step)
         if selected and not self.writes_later:
@@ -318,7 +340,7 @@ class CellDump:
 
         A step that raises is aborted, not completed: its raw data stays unprocessed.
         """
-        self.begin_step(step)
+        self.begin_step(step)  # refuses a bad step or a detached handle before anything runs
         try:
             yield self
         except BaseException:
@@ -351,6 +373,7 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
     (tests, platforms without the kernels); by default MindSpore's own.
     """
     config = DumpConfig.coerce(config)
+    initial_step = checked_step(initial_step)
     import mindspore as ms
     from mindspore import nn
 

@@ -241,6 +241,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         raise
     outcome.output_written = True
     outcome.entries = len(entries)
+    outcome.weight_grad_entries = sum(1 for entry in entries if entry.is_parameters_grad)
     observer.on_stage(ctx.rank, source.step, "output")
 
 
