@@ -269,10 +269,19 @@ def _existing_output(dump, what, outside):
     assert process_dump(dump, jobs=1, remove_raw=False).ok
     with open(os.path.join(dump, "step0", "rank", fmt.DUMP_JSON), encoding="utf-8") as handle:
         json.load(handle)
+    folder = os.path.join(dump, "step0", "rank")
+    first_npy = os.path.join(folder, fmt.TENSOR_DIR, sorted(os.listdir(os.path.join(folder, fmt.TENSOR_DIR)))[0])
     if what == "data-dir":
-        _replace_by_link(os.path.join(dump, "step0", "rank", fmt.TENSOR_DIR), outside["dir"])
+        _replace_by_link(os.path.join(folder, fmt.TENSOR_DIR), outside["dir"])
+    elif what == "dump-json":
+        _replace_by_link(os.path.join(folder, fmt.DUMP_JSON), outside["fifo"])
+    elif what == "dump-json hard link":
+        shutil.copy(os.path.join(folder, fmt.DUMP_JSON), outside["file"])
+        _replace_by_link(os.path.join(folder, fmt.DUMP_JSON), outside["file"], hard=True)
+    elif what == "npy":
+        _replace_by_link(first_npy, outside["file"])
     else:
-        _replace_by_link(os.path.join(dump, "step0", "rank", fmt.DUMP_JSON), outside["fifo"])
+        _replace_by_link(first_npy, outside["file"], hard=True)
     # make the raw step differ from what the marker says, so step0 is processed again
     os.unlink(os.path.join(rank0(dump), fmt.PROCESSED_DIR, "step0.json"))
 
@@ -291,7 +300,7 @@ PLANTS = {
     "npy -> file": (lambda d, o: _replace_by_link(_first_npy(d), o["file"]), True),
     "npy hard link": (lambda d, o: _replace_by_link(_first_npy(d), o["file"], hard=True), True),
     "step-done -> fifo": (lambda d, o: _replace_by_link(os.path.join(rank0(d), "step0", "_step_done.json"),
-                                                         o["fifo"]), False),
+                                                         o["fifo"]), True),
     "_processed folder": (lambda d, o: _replace_by_link(os.path.join(rank0(d), "_processed"), o["dir"]), True),
     "marker -> fifo": (lambda d, o: (os.makedirs(os.path.join(rank0(d), "_processed")),
                                      os.symlink(o["fifo"], os.path.join(rank0(d), "_processed", "step0.json"))),
@@ -310,7 +319,7 @@ PLANTS = {
                                                      os.symlink(o["file"], os.path.join(
                                                          rank0(d), ".step7.removing", "c0.f.a.t.n0.p0_float32_1.npy"))),
                                        False),
-    "kbk folder": (lambda d, o: _with_kbk(d, o, "dir"), False),
+    "kbk folder": (lambda d, o: _with_kbk(d, o, "dir"), True),
     "statistic.csv -> fifo": (lambda d, o: _with_kbk(d, o, "csv-symlink"), True),
     "statistic.csv hard link": (lambda d, o: _with_kbk(d, o, "csv-hardlink"), True),
     "output step folder": (lambda d, o: os.symlink(o["dir"], os.path.join(d, "step0")), True),
@@ -320,8 +329,11 @@ PLANTS = {
                                      os.symlink(o["dir"], os.path.join(d, "step0", ".rank.partial"))), False),
     "retired folder": (lambda d, o: (os.makedirs(os.path.join(d, "step0")),
                                      os.symlink(o["dir"], os.path.join(d, "step0", ".rank.retired"))), False),
-    "output data folder": (lambda d, o: _existing_output(d, "data-dir", o), False),
-    "output dump.json -> fifo": (lambda d, o: _existing_output(d, "dump-json", o), False),
+    "output data folder": (lambda d, o: _existing_output(d, "data-dir", o), True),
+    "output dump.json -> fifo": (lambda d, o: _existing_output(d, "dump-json", o), True),
+    "output dump.json hard link": (lambda d, o: _existing_output(d, "dump-json hard link", o), True),
+    "output npy -> file": (lambda d, o: _existing_output(d, "npy", o), True),
+    "output npy hard link": (lambda d, o: _existing_output(d, "npy hard link", o), True),
 }
 
 

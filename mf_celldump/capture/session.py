@@ -34,7 +34,7 @@ from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
+from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
 from mf_celldump.capture.versions import mindspore_version_problem
 from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.fsutil import writable_dir_problem
@@ -172,6 +172,8 @@ class CellDump:
         choice = choose_backend(self.config, self.device, graph_mode)
         logger.info("capture backend: %s (%s)", choice.name, choice.reason)
         self.cells = select_cells(self.model, self.config)
+        for text in selection_warnings(self.model, self.config, self.cells):
+            logger.warning("%s", text)
         self._claim_dump_path()
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
         context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives)

@@ -41,7 +41,13 @@ class _Cursor:
         self.eof = False
 
     def fill(self) -> bool:
-        data = self.handle.read(CHUNK)
+        try:
+            data = self.handle.read(CHUNK)
+        except UnicodeDecodeError as err:
+            raise DumpError(f"{self.path}: not UTF-8 text ({err.reason}); "
+                            "a dump.json is JSON text") from None
+        except OSError as err:
+            raise DumpError(f"{self.path}: cannot read: {err.strerror or err}") from None
         self.consumed += self.pos
         self.buf = self.buf[self.pos :] + data
         self.pos = 0
@@ -67,6 +73,8 @@ class _Cursor:
         while True:
             try:
                 obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise self.error("JSON nested too deeply to be a dump entry") from None
             except json.JSONDecodeError as err:
                 if self.eof:
                     raise self.error(f"invalid JSON: {err.msg}") from None
@@ -136,9 +144,12 @@ class DumpJson:
     def __init__(self, path: str):
         self.path = path
         self.header: Dict[str, Any] = {}
-        with open(path, encoding="utf-8") as handle:  # read the header once, up to "data"
-            cursor = _Cursor(handle, path)
-            self._to_data(cursor)
+        try:
+            handle = open(path, encoding="utf-8")  # noqa: SIM115  (closed by the with below)
+        except OSError as err:
+            raise DumpError(f"{path}: cannot read: {err.strerror or err}") from None
+        with handle:  # read the header once, up to "data"
+            self._to_data(_Cursor(handle, path))
 
     def _to_data(self, cursor: _Cursor) -> bool:
         """Advance to the first entry of ``data``; header keys go to ``self.header``."""
