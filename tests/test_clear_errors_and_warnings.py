@@ -117,7 +117,8 @@ def test_compare_with_a_tensor_header_claiming_a_trillion_elements_names_the_fil
     assert "1 not compared" in proc.stdout
 
 
-GARBAGE = [b"\x89PNG\r\n\x1a\n\xff\xfe garbage", b'{"data": ' + b"[" * DEEP + b"]" * DEEP + b"}"]
+GARBAGE = [b"\x89PNG\r\n\x1a\n\xff\xfe garbage",
+           b'{"data": {"Cell.a.A.forward.0": ' + b"[" * DEEP + b"]" * DEEP + b"}}"]
 
 
 @pytest.mark.parametrize("content", GARBAGE, ids=["binary", "nested 100,000 deep"])
