@@ -441,6 +441,36 @@ def test_graph_tensordump_path_compiles_up_to_the_ascend_kernel(tmp_path):
     dump.detach()
 
 
+PLAIN_USE = """
+import sys
+import mf_celldump
+from tests.support import capture_net as cn
+for mode, task in (("pynative", "tensor"), ("pynative", "statistics"), ("graph", "tensor")):
+    cn.set_mode(mode)
+    train = cn.train_one_step_cell(cn.make_net())
+    dump = mf_celldump.attach(train, {"dump_path": f"{sys.argv[1]}/{mode}-{task}", "task": task, "jobs": 1})
+    for step in range(2):
+        with dump.step(step):
+            train(cn.make_input())
+    dump.detach()
+    assert [o.step for o in mf_celldump.process_captured(dump).processed] == [0, 1]
+print("DONE")
+"""
+
+
+def test_plain_use_on_cpu_prints_no_mindspore_error(tmp_path):
+    """The default backends on CPU (tensordump, device_stats, host), both modes: MindSpore prints no [ERROR]
+    line (its device synchronize refuses the CPU with one, so it is not called there)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", PLAIN_USE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stderr[-3000:]
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "[ERROR]" in line]
+    assert errors == [], errors
+
+
 def test_a_step_is_a_global_step_number_or_refused_at_the_call(tmp_path):
     """'a', None, -1, 1.5, 10**30, True: refused before anything runs, so nothing lands where processing never
     looks; the handle stays usable; after detach every step is refused."""
