@@ -387,17 +387,17 @@ def yaml_depth_line(text: str, limit: int = MAX_YAML_DEPTH) -> Optional[int]:
     return None
 
 
-def read_yaml_text(path: str, what: str, error: type) -> str:
-    """The text of a YAML file, or ``error`` naming it: missing, unreadable, too big, not UTF-8, too deep."""
+def read_yaml_text(path: str, what: str, error: type, max_bytes: int = MAX_YAML_BYTES) -> str:
+    """The text of a YAML file, or ``error`` naming it: missing, unreadable, too big, not UTF-8, NUL bytes."""
     try:
         with open(path, "rb") as handle:
-            data = handle.read(MAX_YAML_BYTES + 1)
+            data = handle.read(max_bytes + 1)
     except FileNotFoundError:
         raise error(f"{what} not found: {path}") from None
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
-    if len(data) > MAX_YAML_BYTES:
-        raise error(f"{path}: more than {MAX_YAML_BYTES >> 20} MiB; not a {what}")
+    if len(data) > max_bytes:
+        raise error(f"{path}: more than {max_bytes >> 20} MiB; not a {what}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

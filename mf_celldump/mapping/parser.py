@@ -216,6 +216,7 @@ def parse_entry(text: str, source: str = "", line: int = 0, bundled: bool = Fals
 # bounded so that attach stays bounded in time and memory whatever file it is given.
 MAX_DEPTH = 8
 MAX_ENTRIES = 100_000
+MAX_FILE_BYTES = 64 << 20  # beyond the entries above by far; larger files are not read at all
 # libyaml when PyYAML has it: the same nodes and line numbers, composed about ten times faster.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -284,7 +285,7 @@ def load_mapping_file(path: str, bundled: bool = False, source: Optional[str] = 
         raise MappingError(
             f"layer mapping file not found: {path} (looked at {os.path.abspath(path)})"
         ) from None
-    text = read_yaml_text(path, "layer mapping file", MappingError)
+    text = read_yaml_text(path, "layer mapping file", MappingError, MAX_FILE_BYTES)
     return parse_mapping_text(text, source=source, bundled=bundled)
 
 
