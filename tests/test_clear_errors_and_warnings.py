@@ -18,7 +18,7 @@ from mf_celldump.mapping import MappingError
 from mf_celldump.processing.driver import process_dump
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
-from tests.support.hostile_dumps import build_dump, run_cli
+from tests.support.hostile_dumps import build_dump, edit_manifest, lie_about_shape, run_cli
 
 DEEP = 100_000
 
@@ -92,25 +92,13 @@ def test_a_mapping_nested_50000_deep_is_a_clear_error_at_attach_and_on_the_comma
 
 # -- compare and anomalies -----------------------------------------------------------------
 
-def _lie_about_shape(path, shape_text):
-    with open(path, "rb") as handle:
-        data = handle.read()
-    start = data.index(b"'shape': (")
-    end = data.index(b")", start) + 1
-    header_len = int.from_bytes(data[8:10], "little")
-    new = data[:start] + f"'shape': {shape_text}".encode() + data[end:]
-    new = new[:8] + (header_len + len(new) - len(data)).to_bytes(2, "little") + new[10:]
-    with open(path, "wb") as handle:
-        handle.write(new)
-
-
 def test_compare_with_a_tensor_header_claiming_a_trillion_elements_names_the_file(tmp_path):
     for name in ("a", "b"):
         build_dump(str(tmp_path / name), steps=1)
         assert process_dump(str(tmp_path / name), jobs=1).ok
     data_dir = tmp_path / "b" / "step0" / "rank" / fmt.TENSOR_DIR
     lying = str(data_dir / sorted(os.listdir(data_dir))[0])
-    _lie_about_shape(lying, "(1000000000000,)")
+    lie_about_shape(lying, "(1000000000000,)")
     proc = run_cli("compare", str(tmp_path / "b"), str(tmp_path / "a"), "-o", str(tmp_path / "o"))
     assert "MemoryError" not in proc.stdout + proc.stderr
     assert f"{lying}: its header declares 4000000000000 data bytes" in proc.stdout, proc.stdout
@@ -174,20 +162,10 @@ def test_a_forged_call_index_is_warned(tmp_path):
                for w in report.outcomes[0].warnings), report.outcomes[0].warnings
 
 
-def _manifest(builder, **changes):
-    path = os.path.join(builder.rank_dir, fmt.MANIFEST_FILE)
-    with open(path, encoding="utf-8") as handle:
-        manifest = json.load(handle)
-    manifest.update(changes)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle)
-    return manifest
-
-
 def _second_rank(dump, rank=1):
     """A healthy distributed rank beside the one a test breaks: the dump as a whole goes on."""
     builder = build_dump(str(dump) + "-r", steps=1)
-    _manifest(builder, rank=rank, distributed=True)
+    edit_manifest(builder.rank_dir, rank=rank, distributed=True)
     shutil.move(builder.rank_dir, os.path.join(dump, fmt.RAW_ROOT, f"rank{rank}"))
 
 
@@ -200,11 +178,11 @@ def test_manifest_fields_that_disagree_or_are_not_capture_values_are_errors(tmp_
     dump = str(tmp_path / "dump")
     builder = build_dump(dump, steps=1)
     if change == "empty cell name":
-        manifest = _manifest(builder)
+        manifest = edit_manifest(builder.rank_dir)
         manifest["cells"][0]["name"] = ""
-        _manifest(builder, cells=manifest["cells"])
+        edit_manifest(builder.rank_dir, cells=manifest["cells"])
     else:
-        _manifest(builder, **change)
+        edit_manifest(builder.rank_dir, **change)
     _second_rank(dump)
     report = process_dump(dump, jobs=1)
     assert [o.rank for o in report.processed] == [1]
@@ -216,7 +194,7 @@ def test_a_step_folder_whose_global_step_would_be_negative_is_not_processed(tmp_
     """graph numbering with graph_step_base -5: folder step3 would be global step -2; step7 is step 2."""
     dump = str(tmp_path / "dump")
     builder = build_dump(dump, steps=1)
-    _manifest(builder, step_numbering="graph", graph_step_base=-5)
+    edit_manifest(builder.rank_dir, step_numbering="graph", graph_step_base=-5)
     os.rename(os.path.join(builder.rank_dir, "step0"), os.path.join(builder.rank_dir, "step3"))
     shutil.copytree(os.path.join(builder.rank_dir, "step3"), os.path.join(builder.rank_dir, "step7"))
     with open(os.path.join(builder.rank_dir, "step7", fmt.STEP_DONE_FILE), "w", encoding="utf-8") as handle:

@@ -17,25 +17,21 @@ import pytest
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import ProcessingError
 from tests.support import formats as fmt
-from tests.support.hostile_dumps import alarm, build_dump, make_outside, raw_files, run_cli, snapshot
+from tests.support.hostile_dumps import (
+    alarm,
+    build_dump,
+    capture_two_steps,
+    make_outside,
+    raw_files,
+    run_cli,
+    snapshot,
+)
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
     """A raw dump of two steps of tests/support/capture_net.py, captured with attach (kept raw)."""
-    import mf_celldump
-    from tests.support import capture_net as cn
-
-    cn.set_mode("pynative")
-    net = cn.make_net()
-    train = cn.train_one_step_cell(net)
-    dump = str(tmp_path_factory.mktemp("captured") / "D")
-    handle = mf_celldump.attach(train, {"dump_path": dump, "task": "tensor", "steps": "0-1"})
-    for step in range(2):
-        with handle.step(step):
-            train(cn.make_input())
-    handle.detach()
-    return dump
+    return capture_two_steps(str(tmp_path_factory.mktemp("captured") / "D"))
 
 
 @pytest.fixture
@@ -287,7 +283,9 @@ def _existing_output(dump, what, outside):
 
 
 PLANTS = {
-    # name: (plant(dump, outside), the run must refuse and name something)
+    # name: (plant(dump, outside), the run must refuse and name something); the three that are not refused
+    # are links under names only processing gives, in folders it deletes: the link is unlinked, its target
+    # untouched (docs/robustness.md)
     "_raw folder": (lambda d, o: _replace_by_link(os.path.join(d, "_raw"), o["dir"]), True),
     "rank folder": (lambda d, o: _replace_by_link(rank0(d), o["dir"]), True),
     "manifest -> fifo": (lambda d, o: _replace_by_link(os.path.join(rank0(d), "manifest.json"), o["fifo"]), True),
@@ -304,10 +302,10 @@ PLANTS = {
     "_processed folder": (lambda d, o: _replace_by_link(os.path.join(rank0(d), "_processed"), o["dir"]), True),
     "marker -> fifo": (lambda d, o: (os.makedirs(os.path.join(rank0(d), "_processed")),
                                      os.symlink(o["fifo"], os.path.join(rank0(d), "_processed", "step0.json"))),
-                       False),
+                       True),
     "marker -> file": (lambda d, o: (os.makedirs(os.path.join(rank0(d), "_processed")),
                                      os.symlink(o["file"], os.path.join(rank0(d), "_processed", "step0.json"))),
-                       False),
+                       True),
     "temp file -> file": (lambda d, o: (os.makedirs(os.path.join(rank0(d), "_processed")),
                                         os.symlink(o["file"], os.path.join(rank0(d), "_processed", ".tmp-abcd1234"))),
                           False),
@@ -326,9 +324,9 @@ PLANTS = {
     "output rank folder": (lambda d, o: (os.makedirs(os.path.join(d, "step0")),
                                          os.symlink(o["dir"], os.path.join(d, "step0", "rank"))), True),
     "partial folder": (lambda d, o: (os.makedirs(os.path.join(d, "step0")),
-                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.partial"))), False),
+                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.partial"))), True),
     "retired folder": (lambda d, o: (os.makedirs(os.path.join(d, "step0")),
-                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.retired"))), False),
+                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.retired"))), True),
     "output data folder": (lambda d, o: _existing_output(d, "data-dir", o), True),
     "output dump.json -> fifo": (lambda d, o: _existing_output(d, "dump-json", o), True),
     "output dump.json hard link": (lambda d, o: _existing_output(d, "dump-json hard link", o), True),

@@ -18,25 +18,12 @@ import pytest
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import ManifestError
 from tests.support import formats as fmt
-from tests.support.hostile_dumps import REPO, build_dump, limited_python
+from tests.support.hostile_dumps import REPO, build_dump, capture_two_steps, edit_manifest, limited_python
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    """Two steps of tests/support/capture_net.py captured with attach, kept raw."""
-    import mf_celldump
-    from tests.support import capture_net as cn
-
-    cn.set_mode("pynative")
-    net = cn.make_net()
-    train = cn.train_one_step_cell(net)
-    dump = str(tmp_path_factory.mktemp("captured") / "D")
-    handle = mf_celldump.attach(train, {"dump_path": dump, "task": "tensor", "steps": "0-1"})
-    for step in range(2):
-        with handle.step(step):
-            train(cn.make_input())
-    handle.detach()
-    return dump
+    return capture_two_steps(str(tmp_path_factory.mktemp("captured") / "D"))
 
 
 @pytest.fixture
@@ -66,16 +53,6 @@ def _read(path):
         return handle.read()
 
 
-def _edit_manifest(rank_dir, **changes):
-    path = os.path.join(rank_dir, fmt.MANIFEST_FILE)
-    with open(path, encoding="utf-8") as handle:
-        manifest = json.load(handle)
-    manifest.update(changes)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle)
-    return manifest
-
-
 # -- names must read back to themselves --------------------------------------------------
 
 def test_step_folder_with_a_leading_zero_is_not_taken_for_step_1(D, tmp_path):
@@ -93,7 +70,7 @@ def test_step_folder_with_a_leading_zero_is_not_taken_for_step_1(D, tmp_path):
 
 def test_rank_folder_with_a_leading_zero_never_replaces_rank_0(D):
     """`rank00` beside `rank0` (distributed): only rank0 is processed; rank00 keeps every file."""
-    _edit_manifest(rank0(D), distributed=True)
+    edit_manifest(rank0(D), distributed=True)
     shutil.copytree(rank0(D), rank0(D, "rank00"))
     kept = {p: s for p, s in raw_npys(D).items() if p.startswith(os.path.join(fmt.RAW_ROOT, "rank00"))}
     report = process_dump(D, jobs=1)
@@ -121,6 +98,19 @@ def test_file_named_like_a_removal_folder_is_not_deleted(D):
     assert any(".step1.removing" in w and "left in place" in w for w in report.warnings), report.warnings
 
 
+def test_step_paths_that_are_files_fail_their_step_and_delete_nothing(D):
+    """A file at the raw `step1` and at the output `step0`: both named, step 0's raw data kept, files untouched."""
+    shutil.rmtree(os.path.join(rank0(D), "step1"))
+    for path in (os.path.join(rank0(D), "step1"), os.path.join(D, "step0")):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("a file of yours")
+    before = raw_npys(D)
+    report = process_dump(D, jobs=1)
+    assert [o.status for o in report.outcomes] == ["failed"] and raw_npys(D) == before
+    assert any("step1: not a plain folder" in p for p in report.all_problems), report.all_problems
+    assert all(_read(p) == b"a file of yours" for p in (os.path.join(rank0(D), "step1"), os.path.join(D, "step0")))
+
+
 # -- markers and manifests that disagree with the data ------------------------------------
 
 def test_step_folder_whose_marker_names_another_step_is_not_processed(D):
@@ -137,7 +127,7 @@ def test_step_folder_whose_marker_names_another_step_is_not_processed(D):
 
 def test_manifest_task_changed_after_capture_keeps_every_raw_file(D):
     """`task: statistics` written into a tensor capture's manifest: refused, every raw .npy stays."""
-    _edit_manifest(rank0(D), task="statistics")
+    edit_manifest(rank0(D), task="statistics")
     before = raw_npys(D)
     with pytest.raises(ManifestError, match="disagrees with the configuration it records"):
         process_dump(D, jobs=1)
@@ -146,8 +136,8 @@ def test_manifest_task_changed_after_capture_keeps_every_raw_file(D):
 
 def test_manifest_task_and_configuration_changed_are_told_by_the_step_markers(D):
     """Both `task` and `config.task` changed: each step's `_step_done.json` still says tensor."""
-    manifest = _edit_manifest(rank0(D), task="statistics")
-    _edit_manifest(rank0(D), config=dict(manifest["config"], task="statistics"))
+    manifest = edit_manifest(rank0(D), task="statistics")
+    edit_manifest(rank0(D), config=dict(manifest["config"], task="statistics"))
     before = raw_npys(D)
     report = process_dump(D, jobs=1)
     assert [o.status for o in report.outcomes] == ["failed", "failed"]
@@ -188,7 +178,7 @@ def test_rank_with_a_huge_manifest_stops_no_other_rank(tmp_path):
     dump = str(tmp_path / "dump")
     for rank in (0, 1):
         builder = build_dump(dump, steps=1)
-        _edit_manifest(builder.rank_dir, rank=rank, distributed=True)
+        edit_manifest(builder.rank_dir, rank=rank, distributed=True)
         if rank == 0:
             os.rename(builder.rank_dir, str(tmp_path / "rank0"))
         else:

@@ -41,12 +41,17 @@ class EarlierRun:
         return bool(self.steps) or self.statistics_csv
 
 
-def _raw_data(rank_dir: str, earlier: EarlierRun) -> None:
+def _entries(folder: str) -> List[os.DirEntry]:
+    """The entries of ``folder``; none when it is missing or unreadable."""
     try:
-        entries = list(os.scandir(rank_dir))
+        with os.scandir(folder) as entries:
+            return list(entries)
     except OSError:
-        return
-    for entry in entries:
+        return []
+
+
+def _raw_data(rank_dir: str, earlier: EarlierRun) -> None:
+    for entry in _entries(rank_dir):
         folder_step = names.parse_step_dir_name(entry.name)
         if folder_step is not None and entry.is_dir(follow_symlinks=False):
             earlier.steps.add(earlier.manifest.global_step(folder_step) if earlier.manifest else folder_step)
@@ -56,11 +61,7 @@ def _raw_data(rank_dir: str, earlier: EarlierRun) -> None:
 
 
 def _outputs(dump_path: str, out_rank: str, earlier: EarlierRun) -> None:
-    try:
-        entries = list(os.scandir(dump_path))
-    except OSError:
-        return
-    for entry in entries:
+    for entry in _entries(dump_path):
         step = naming.parse_step_dir_name(entry.name)
         if step is None or not entry.is_dir(follow_symlinks=False):
             continue

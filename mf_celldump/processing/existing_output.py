@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from mf_celldump.layout import naming
 
@@ -87,10 +87,19 @@ def _inode_names(folder: Optional[str]) -> Dict[Tuple[int, int], int]:
     return names
 
 
-def links_in_output(folder: str, raw_dir: Optional[str]) -> List[str]:
+def _names_in(folders: Sequence[Optional[str]]) -> Dict[Tuple[int, int], int]:
+    names: Dict[Tuple[int, int], int] = {}
+    for folder in folders:
+        for key, count in _inode_names(folder).items():
+            names[key] = names.get(key, 0) + count
+    return names
+
+
+def links_in_output(folder: str, own_folders: Sequence[Optional[str]]) -> List[str]:
     """Links in an output rank folder about to be replaced, where processing writes its own files:
     a symlink in place of a JSON file, ``dump_tensor_data`` or a tensor file, and a file with a name
-    outside this output and the step's raw folder (a hard link processing did not make)."""
+    outside this output and ``own_folders`` (the step's raw folder and the output being assembled:
+    the hard links processing itself makes)."""
     found = []
     for name in (naming.DUMP_JSON, naming.CONSTRUCT_JSON, naming.STACK_JSON):
         try:
@@ -112,7 +121,7 @@ def links_in_output(folder: str, raw_dir: Optional[str]) -> List[str]:
             if stat.S_ISLNK(info.st_mode):
                 found.append(f"{naming.TENSOR_DIR}/{entry.name}")
             elif stat.S_ISREG(info.st_mode) and _extra_names(info, ours):
-                raw = _inode_names(raw_dir) if raw is None else raw
+                raw = _names_in(own_folders) if raw is None else raw
                 key = (info.st_dev, info.st_ino)
                 if info.st_nlink > ours.get(key, 0) + raw.get(key, 0):
                     found.append(f"{naming.TENSOR_DIR}/{entry.name}")

@@ -254,7 +254,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
         _write_output(ctx, partial, target, entries, failed)
-        _check_no_foreign_output(target, source.raw_dir)
+        _check_no_foreign_output(target, [source.raw_dir, data_dir, os.path.join(retired, naming.TENSOR_DIR)])
         fsutil.swap_into_place(partial, target, retired)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -269,10 +269,11 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     observer.on_stage(ctx.rank, source.step, "output")
 
 
-def _check_no_foreign_output(target: str, raw_dir: Optional[str]) -> None:
+def _check_no_foreign_output(target: str, own_folders: List[Optional[str]]) -> None:
     """An output about to be replaced must hold only what processing writes (else it would be deleted),
-    as files of its own: a link in place of one is refused, as everywhere in the dump."""
-    linked = links_in_output(target, raw_dir)
+    as files of its own: a link in place of one is refused, as everywhere in the dump (``own_folders``
+    hold the other names processing gives the same files)."""
+    linked = links_in_output(target, own_folders)
     if linked:
         raise StepProblem(f"{target} holds links where mf_celldump writes its own files ({', '.join(linked[:5])}): "
                           "a symbolic link, or a file with another name outside the dump; refused, the output is not "
