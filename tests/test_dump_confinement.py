@@ -20,7 +20,6 @@ from tests.support import formats as fmt
 from tests.support.hostile_dumps import (
     alarm,
     build_dump,
-    capture_two_steps,
     make_outside,
     raw_files,
     run_cli,
@@ -28,17 +27,10 @@ from tests.support.hostile_dumps import (
 )
 
 
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """A raw dump of two steps of tests/support/capture_net.py, captured with attach (kept raw)."""
-    return capture_two_steps(str(tmp_path_factory.mktemp("captured") / "D"))
-
-
 @pytest.fixture
-def D(captured, tmp_path):
-    dump = str(tmp_path / "D")
-    shutil.copytree(captured, dump, symlinks=True)
-    return dump
+def D(raw_dump):
+    """A raw dump captured with attach (two steps, tensor task), this test's own copy."""
+    return raw_dump
 
 
 @pytest.fixture

@@ -18,19 +18,13 @@ import pytest
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import ManifestError
 from tests.support import formats as fmt
-from tests.support.hostile_dumps import REPO, build_dump, capture_two_steps, edit_manifest, limited_python
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    return capture_two_steps(str(tmp_path_factory.mktemp("captured") / "D"))
+from tests.support.hostile_dumps import REPO, build_dump, edit_manifest, limited_python
 
 
 @pytest.fixture
-def D(captured, tmp_path):
-    dump = str(tmp_path / "D")
-    shutil.copytree(captured, dump, symlinks=True)
-    return dump
+def D(raw_dump):
+    """A raw dump captured with attach (two steps, tensor task), this test's own copy."""
+    return raw_dump
 
 
 def rank0(dump, name="rank0"):
