@@ -288,15 +288,7 @@ class DumpConfig:
         if "layer_mapping" in values:
             kwargs["layer_mapping"] = _parse_layer_mapping(values["layer_mapping"])
         if "statistics" in values:
-            stats = values["statistics"]
-            if isinstance(stats, str):
-                stats = [stats]
-            if not isinstance(stats, (list, tuple)):
-                raise ConfigError(_bad("statistics", stats, f"a list of: {', '.join(STATISTICS)}"))
-            stats = tuple(_choice("statistics", item, STATISTICS) for item in stats)
-            if not stats:
-                raise ConfigError(f"statistics: empty list; choose from {', '.join(STATISTICS)}")
-            kwargs["statistics"] = tuple(dict.fromkeys(stats))
+            kwargs["statistics"] = _statistics(values["statistics"])
         if "backend" in values:
             kwargs["backend"] = _choice("backend", values["backend"], BACKENDS)
         for key in ("parameters", "process_on_train_end"):
@@ -339,6 +331,17 @@ class DumpConfig:
         if config is None or isinstance(config, Mapping):
             return cls.from_dict(config)
         raise ConfigError(f"configuration must be a DumpConfig or a dict, got {type(config).__name__}")
+
+
+def _statistics(stats: Any) -> Tuple[str, ...]:
+    if isinstance(stats, str):
+        stats = [stats]
+    if not isinstance(stats, (list, tuple)):
+        raise ConfigError(_bad("statistics", stats, f"a list of: {', '.join(STATISTICS)}"))
+    stats = tuple(_choice("statistics", item, STATISTICS) for item in stats)
+    if not stats:
+        raise ConfigError(f"statistics: empty list; choose from {', '.join(STATISTICS)}")
+    return tuple(dict.fromkeys(stats))
 
 
 def _dump_path(path: Any) -> str:
