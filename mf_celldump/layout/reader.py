@@ -113,7 +113,7 @@ def _read_head(cursor: _Cursor, header: Dict[str, Any]) -> bool:
             cursor.pos += 1
 
 
-HEAD_BYTES = 64 << 10  # the keys before "data" in a dump.json we wrote
+HEAD_BYTES = 16 << 10  # the keys before "data" in a dump.json we wrote (dump_data_dir is a path: < 4 KiB)
 
 
 def output_run_id(dump_json: str) -> Optional[str]:
