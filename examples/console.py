@@ -36,7 +36,10 @@ class Console:
         sys.stderr.flush()
         saved = [os.dup(1), os.dup(2)]
         out = os.fdopen(os.dup(saved[0]), "w", buffering=1, encoding="utf-8", errors="replace")
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        # appended to, never truncated: the log of an earlier run in the same folder stays
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        os.write(log_fd, f"\n===== run_tiny_llama.py started {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                         f"(pid {os.getpid()}) =====\n".encode())
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
@@ -58,12 +61,15 @@ class Console:
         self._saved = []
 
 
-def step_progress_callback(console: Console, total_steps: int, dump_path: str, selected_steps=None):
+def step_progress_callback(console: Console, total_steps: int, dump_path: str, selected_steps=None,
+                           processed: bool = True):
     """A MindSpore callback printing one line (or advancing a tqdm bar) per training step.
 
     ``selected_steps`` (an ``IndexSelection``, None = every step) says which steps are
     captured; their processed output appears under ``dump_path`` when the background worker
-    has finished them, so the line says "captured", not where the output is.
+    has finished them, so the line says "captured", not where the output is. With
+    ``processed`` False (``process_on_train_end: false``) no step folder is made during the
+    run: the line says the step is raw under ``_raw/``.
     """
     from mindspore.train import Callback
 
@@ -85,7 +91,8 @@ def step_progress_callback(console: Console, total_steps: int, dump_path: str, s
             seconds = time.monotonic() - self.start
             self.start = time.monotonic()
             captured = selected_steps is None or step in selected_steps
-            dumped = f"captured into {os.path.basename(dump_path)}/step{step}/" if captured else "not captured"
+            where = f"step{step}/" if processed else "_raw/ (raw; `mf-celldump process` makes its step folder)"
+            dumped = f"captured into {os.path.basename(dump_path)}/{where}" if captured else "not captured"
             loss_text = "-" if loss is None else f"{loss:.4f}"
             console.say(f"step {step}: loss {loss_text}, {seconds:.1f} s, {dumped}")
             if self.bar is not None:

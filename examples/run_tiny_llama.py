@@ -296,8 +296,19 @@ def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[Base
             console.say(f"(its traceback, and MindFormers' own output, are in {console.log_path})")
     console.say(describe_dump(dump_path, rank))
     if failed is None and rank is None:
-        console.say(f"compare two runs: msprobe compare -tp {dump_path}/step0 -gp <other run's dump>/step0 "
-                    "-o compare_out")
+        console.say(_compare_hint(dump_path))
+
+
+def _compare_hint(dump_path: str) -> str:
+    """How to compare this dump, naming a step folder that exists (or how to make one first)."""
+    steps = sorted((folder for folder in glob.glob(os.path.join(dump_path, "step*"))
+                    if glob.glob(os.path.join(folder, "rank*", "dump.json"))),
+                   key=lambda folder: _step_rank_key(os.path.join(folder, "rank")))
+    if not steps:
+        return (f"nothing processed yet: `mf-celldump process {dump_path}` makes the step folders; then compare "
+                "two runs with msprobe compare -tp <dump>/step{N} -gp <other run's dump>/step{N} -o compare_out")
+    step = os.path.basename(steps[0])
+    return f"compare two runs: msprobe compare -tp {dump_path}/{step} -gp <other run's dump>/{step} -o compare_out"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -320,9 +331,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         dump_path = dump_path_of(config)
         _announce(console, config, args, dump_path)
         selected = _selected_steps(config)  # before python_callbacks() takes the entry out of the config
+        processed = _celldump_entry(config).get("process_on_train_end", True) is not False
         callbacks = python_callbacks(config) if args.python_callback else []
         total = args.steps * int(config.runner_config.epochs or 1)
-        callbacks.append(step_progress_callback(console, total, dump_path, selected))
+        callbacks.append(step_progress_callback(console, total, dump_path, selected, processed))
         train(config, args.steps, callbacks)
     except Exception as err:  # reported below; --verbose shows the traceback
         failed = err

@@ -17,6 +17,7 @@ __all__ = [
     "DumpConfig",
     "MappingError",
     "ProcessingError",
+    "StepError",
     "attach",
     "process_captured",
     "process_dump",
@@ -27,6 +28,7 @@ __all__ = [
 _LAZY = {
     "attach": ("mf_celldump.capture.session", "attach"),
     "AttachError": ("mf_celldump.capture.session", "AttachError"),
+    "StepError": ("mf_celldump.capture.session", "StepError"),
     "process_captured": ("mf_celldump.integrations.captured", "process_captured"),
     "process_dump": ("mf_celldump.processing.driver", "process_dump"),
     "ProcessingError": ("mf_celldump.processing.errors", "ProcessingError"),

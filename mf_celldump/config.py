@@ -25,6 +25,7 @@ DEFAULT_STATISTICS = ("max", "min", "mean", "norm")
 # Seconds on_train_end waits for the background processing of captured steps. Nothing is
 # lost when it runs out: the steps stay raw for `mf-celldump process`.
 DEFAULT_PROCESS_TIMEOUT = 1800.0
+MAX_PROCESS_TIMEOUT = 365 * 24 * 3600.0  # a year: longer waits are not timeouts (threads refuse them)
 BACKENDS = ("auto", "tensordump", "host", "device_stats", "kbk_statistics")
 DEFAULT_DUMP_DIR_NAME = "celldump"
 
@@ -271,10 +272,7 @@ class DumpConfig:
                 raise ConfigError(f"{source}: unknown key {short_repr(key)}{hint}; valid keys: {', '.join(known)}")
         kwargs: dict = {}
         if "dump_path" in values and values["dump_path"] is not None:
-            path = values["dump_path"]
-            if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-                raise ConfigError(_bad("dump_path", path, "a non-empty directory path"))
-            kwargs["dump_path"] = os.fspath(path)
+            kwargs["dump_path"] = _dump_path(values["dump_path"])
         if "task" in values:
             kwargs["task"] = _choice("task", values["task"], TASKS)
         if "data_mode" in values:
@@ -290,15 +288,7 @@ class DumpConfig:
         if "layer_mapping" in values:
             kwargs["layer_mapping"] = _parse_layer_mapping(values["layer_mapping"])
         if "statistics" in values:
-            stats = values["statistics"]
-            if isinstance(stats, str):
-                stats = [stats]
-            if not isinstance(stats, (list, tuple)):
-                raise ConfigError(_bad("statistics", stats, f"a list of: {', '.join(STATISTICS)}"))
-            stats = tuple(_choice("statistics", item, STATISTICS) for item in stats)
-            if not stats:
-                raise ConfigError(f"statistics: empty list; choose from {', '.join(STATISTICS)}")
-            kwargs["statistics"] = tuple(dict.fromkeys(stats))
+            kwargs["statistics"] = _statistics(values["statistics"])
         if "backend" in values:
             kwargs["backend"] = _choice("backend", values["backend"], BACKENDS)
         for key in ("parameters", "process_on_train_end"):
@@ -308,12 +298,13 @@ class DumpConfig:
                     raise ConfigError(_bad(key, flag, "true or false"))
                 kwargs[key] = flag
         if "process_timeout" in values:
-            timeout = values["process_timeout"]
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-                raise ConfigError(_bad("process_timeout", timeout, "a number of seconds > 0"))
-            kwargs["process_timeout"] = float(timeout)
+            kwargs["process_timeout"] = _timeout(values["process_timeout"])
         if "jobs" in values and values["jobs"] is not None:
             kwargs["jobs"] = resolve_jobs(values["jobs"])
+        if kwargs.get("backend") == "device_stats" and kwargs.get("task") == "tensor":
+            raise ConfigError("backend: 'device_stats' reduces every tensor to statistics on the device and writes no "
+                              "tensor file, so it cannot serve task 'tensor'; use backend 'auto' (or 'tensordump', "
+                              "'host'), or task 'statistics'")
         return cls(**kwargs)
 
     @classmethod
@@ -321,17 +312,10 @@ class DumpConfig:
         """Load a standalone YAML file whose top level holds the configuration keys.
 
         A file shaped like a MindFormers callback entry (with ``type: CellDumpCallback``)
-        is accepted too; ``type`` and ``auto_register`` are then ignored.
+        is accepted too; ``type`` and ``auto_register`` are then ignored. A key given twice
+        is an error (YAML would keep the last one silently).
         """
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = yaml.safe_load(handle)
-        except FileNotFoundError:
-            raise ConfigError(f"configuration file not found: {path}") from None
-        except OSError as err:
-            raise ConfigError(f"cannot read configuration file {path}: {err}") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: YAML syntax error: {err}") from None
+        data = _load_yaml_file(path)
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -347,6 +331,118 @@ class DumpConfig:
         if config is None or isinstance(config, Mapping):
             return cls.from_dict(config)
         raise ConfigError(f"configuration must be a DumpConfig or a dict, got {type(config).__name__}")
+
+
+def _statistics(stats: Any) -> Tuple[str, ...]:
+    if isinstance(stats, str):
+        stats = [stats]
+    if not isinstance(stats, (list, tuple)):
+        raise ConfigError(_bad("statistics", stats, f"a list of: {', '.join(STATISTICS)}"))
+    stats = tuple(_choice("statistics", item, STATISTICS) for item in stats)
+    if not stats:
+        raise ConfigError(f"statistics: empty list; choose from {', '.join(STATISTICS)}")
+    return tuple(dict.fromkeys(stats))
+
+
+def _dump_path(path: Any) -> str:
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ConfigError(_bad("dump_path", path, "a non-empty directory path"))
+    path = os.fspath(path)
+    if not isinstance(path, str) or "\0" in path:
+        raise ConfigError(_bad("dump_path", path, "a directory path (text without NUL bytes)"))
+    return path
+
+
+def _timeout(timeout: Any) -> float:
+    valid = f"a number of seconds > 0 (at most {MAX_PROCESS_TIMEOUT:.0f}, a year)"
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ConfigError(_bad("process_timeout", timeout, valid))
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int beyond any float, e.g. 10**400
+        raise ConfigError(_bad("process_timeout", timeout, valid)) from None
+    if not 0 < seconds <= MAX_PROCESS_TIMEOUT:
+        raise ConfigError(_bad("process_timeout", timeout, valid))
+    return seconds
+
+
+# -- YAML files: bounded, UTF-8, not nested past what a configuration needs, no key twice --------
+
+MAX_YAML_BYTES = 4 << 20  # a configuration is a few lines; a MindFormers run config a few KB
+MAX_YAML_DEPTH = 64
+
+
+def yaml_depth_line(text: str, limit: int = MAX_YAML_DEPTH) -> Optional[int]:
+    """The line where ``text`` nests YAML collections more than ``limit`` deep; None when it does not.
+
+    Walks the parser's events (libyaml's when available), which keeps its own stack: a
+    document nested 100,000 deep is measured here before any recursive composer sees it.
+    Syntax errors raise ``yaml.YAMLError`` as ``yaml.compose`` would.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > limit:
+                return event.start_mark.line + 1
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return None
+
+
+def read_yaml_text(path: str, what: str, error: type, max_bytes: int = MAX_YAML_BYTES) -> str:
+    """The text of a YAML file, or ``error`` naming it: missing, unreadable, too big, not UTF-8, NUL bytes."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except OSError as err:
+        raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise error(f"{path}: more than {max_bytes >> 20} MiB; not a {what}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); a {what} is "
+                    "YAML text") from None
+    if "\0" in text:
+        raise error(f"{path}: holds NUL bytes (offset {text.index(chr(0))}); a {what} is YAML text")
+    return text
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``safe_load`` that refuses a key given twice in one mapping (YAML itself keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    ident = (key_node.tag, key_node.value)
+                    if ident in seen:
+                        raise ConfigError(f"{self.name}:{key_node.start_mark.line + 1}: key {key_node.value!r} "
+                                          f"given twice (first at line {seen[ident]}); YAML would keep only the "
+                                          "last: keep one")
+                    seen[ident] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _load_yaml_file(path: str) -> Any:
+    text = read_yaml_text(path, "configuration file", ConfigError)
+    try:
+        line = yaml_depth_line(text)
+        if line is not None:
+            raise ConfigError(f"{path}:{line}: nested more than {MAX_YAML_DEPTH} levels deep; a configuration is "
+                              "a mapping of keys to values")
+        loader = _UniqueKeyLoader(text)
+        loader.name = path
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: YAML syntax error: {err}") from None
 
 
 def _parse_layer_mapping(value: Any) -> Tuple[str, ...]:

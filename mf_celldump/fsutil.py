@@ -118,8 +118,8 @@ def check_inside(root_real: str, path: str) -> str:
     real = os.path.realpath(path)
     if real != root_real and not real.startswith(root_real + os.sep):
         raise UnsafePathError(
-            f"{path} resolves to {real}, outside the dump folder {root_real}; "
-            "remove the symlink or process the dump where it really is"
+            f"{path} resolves to {real}, outside the dump folder {root_real}; refused (remove the symlink, "
+            "or process the dump where it really is)"
         )
     return path
 

@@ -14,7 +14,7 @@ import pytest
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import ManifestError
 from tests.support import formats as fmt
-from tests.support.hostile_dumps import REPO, A, F, build_dump, limited_python, raw_files, run_cli
+from tests.support.hostile_dumps import REPO, A, F, build_dump, lie_about_shape, limited_python, raw_files, run_cli
 from tests.support.rawdump_builder import RawDumpBuilder, kbk_rows
 
 
@@ -65,25 +65,12 @@ def test_non_numeric_npy_is_a_problem_and_other_steps_go_on(tmp_path, kind, valu
     _other_step_done(report, builder)
 
 
-def _lying_header(path, shape_text):
-    with open(path, "rb") as handle:
-        data = handle.read()
-    start = data.index(b"'shape': (")
-    end = data.index(b")", start) + 1
-    header_len = int.from_bytes(data[8:10], "little")
-    new = data[:start] + f"'shape': {shape_text}".encode() + data[end:]
-    grown = len(new) - len(data)
-    new = new[:8] + (header_len + grown).to_bytes(2, "little") + new[10:]
-    with open(path, "wb") as handle:
-        handle.write(new)
-
-
 @pytest.mark.parametrize("name", ["c0.f.a.t.n0.p5_float32_999.npy", "c0.f.a.i.n0.p5_int64_999.npy"])
 @pytest.mark.parametrize("shape", ["(1000000000000,)", "(1000000, 1000000, 1000000)", "(0, 1000000000000)"])
 def test_header_claiming_a_trillion_elements_costs_no_memory(tmp_path, name, shape):
     builder = build_dump(str(tmp_path / "dump"))
     path = _save_raw(builder, 0, name, np.zeros(1, np.int64))
-    _lying_header(path, shape)
+    lie_about_shape(path, shape)
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {REPO!r})
         from mf_celldump.processing.driver import process_dump
@@ -103,7 +90,7 @@ def test_header_smaller_than_its_data_is_refused(tmp_path):
     builder = build_dump(str(tmp_path / "dump"))
     name = "c0.f.a.t.n0.p5_float32_999.npy"
     path = _save_raw(builder, 0, name, np.ones(8, np.float32))
-    _lying_header(path, "(4,)")
+    lie_about_shape(path, "(4,)")
     report = process_dump(builder.dump_path, jobs=1)
     _, problems = _step_problem(report)
     assert problems == [f"{path}: 16 bytes after the 16 data bytes its header declares; not written by a capture"]
@@ -260,7 +247,7 @@ def test_bad_statistic_csv_rows_are_problems(tmp_path, case):
 def test_many_hostile_inputs_at_once_stay_within_400_mb(tmp_path):
     """Everything above in one dump, processed under an address-space limit (RLIMIT_AS)."""
     builder = build_dump(str(tmp_path / "dump"), steps=3)
-    _lying_header(_save_raw(builder, 0, "c0.f.a.t.n0.p5_float32_999.npy", np.zeros(1, np.float32)),
+    lie_about_shape(_save_raw(builder, 0, "c0.f.a.t.n0.p5_float32_999.npy", np.zeros(1, np.float32)),
                   "(1000000000000,)")
     _save_raw(builder, 0, "c0.f.a.t.n0.p" + "1" * 30 + "_float32_1.npy", np.ones(2, np.float32))
     _save_raw(builder, 0, "c1.f.a.t.n0.p" + ".".join(["999999"] * 32) + "_float32_7.npy", np.ones(2, np.float32))

@@ -313,9 +313,10 @@ def test_detach_restores_cells_and_stops_writing(tmp_path, mode):
         train(x)
     after = _all_files(tmp_path)
     assert after == written
-    dump.begin_step(5)  # a detached dump ignores further steps
+    with pytest.raises(AttachError, match="is detached; attach again"):
+        dump.begin_step(5)  # a detached dump refuses further steps
     train(x)
-    dump.end_step()
+    assert dump.end_step() is None
     assert not os.path.exists(os.path.join(tmp_path, fmt.RAW_ROOT, "rank0", "step5"))
 
 
@@ -333,6 +334,19 @@ def test_unselected_rank_writes_nothing(tmp_path, mode):
     _, _, _, dump = _train(mode, {"dump_path": str(path), "task": "tensor", "ranks": [1]})
     assert dump.rank == 0 and dump.captured_steps == []
     assert not path.exists()
+
+
+def test_processing_a_rank_outside_ranks_says_it_writes_nothing(tmp_path):
+    """`ranks: "5"` on a single card is legal: processing says this rank captures nothing."""
+    cn.set_mode("pynative")
+    net = cn.make_net()
+    dump = mf_celldump.attach(net, {"dump_path": str(tmp_path / "dump"), "ranks": "5"})
+    with dump.step(0):
+        net(cn.make_input())
+    dump.detach()
+    report = mf_celldump.process_captured(dump)
+    assert report.nothing_to_do and report.ok
+    assert "rank 0 is not in ranks=5: this rank captures nothing" in report.summary()
 
 
 def test_rank_comes_from_environment(tmp_path, monkeypatch):
@@ -425,6 +439,56 @@ def test_graph_tensordump_path_compiles_up_to_the_ascend_kernel(tmp_path):
     with pytest.raises(RuntimeError, match=r"Unsupported op \[TensorDump\] on CPU"):
         train(cn.make_input())
     dump.detach()
+
+
+PLAIN_USE = """
+import sys
+import mf_celldump
+from tests.support import capture_net as cn
+for mode, task in (("pynative", "tensor"), ("pynative", "statistics"), ("graph", "tensor")):
+    cn.set_mode(mode)
+    train = cn.train_one_step_cell(cn.make_net())
+    dump = mf_celldump.attach(train, {"dump_path": f"{sys.argv[1]}/{mode}-{task}", "task": task, "jobs": 1})
+    for step in range(2):
+        with dump.step(step):
+            train(cn.make_input())
+    dump.detach()
+    assert [o.step for o in mf_celldump.process_captured(dump).processed] == [0, 1]
+print("DONE")
+"""
+
+
+def test_plain_use_on_cpu_prints_no_mindspore_error(tmp_path):
+    """The default backends on CPU (tensordump, device_stats, host), both modes: MindSpore prints no [ERROR]
+    line (its device synchronize refuses the CPU with one, so it is not called there)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", PLAIN_USE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stderr[-3000:]
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "[ERROR]" in line]
+    assert errors == [], errors
+
+
+def test_a_step_is_a_global_step_number_or_refused_at_the_call(tmp_path):
+    """'a', None, -1, 1.5, 10**30, True: refused before anything runs, so nothing lands where processing never
+    looks; the handle stays usable; after detach every step is refused."""
+    cn.set_mode("pynative")
+    net = cn.make_net()
+    dump = mf_celldump.attach(net, {"dump_path": str(tmp_path), "task": "tensor"})
+    for bad in ("a", None, -1, 1.5, 10**30, True, float("nan")):
+        refused = pytest.raises(mf_celldump.StepError, match=r"not a training step: .* an int from 0 to 999999999999")
+        with refused, dump.step(bad):
+            net(cn.make_input())
+    assert os.listdir(tmp_path / fmt.RAW_ROOT / "rank0") == [fmt.MANIFEST_FILE]
+    with dump.step(np.int64(3)):
+        net(cn.make_input())
+    dump.detach()
+    with pytest.raises(AttachError, match="detached"), dump.step(4):
+        net(cn.make_input())
+    assert dump.captured_steps == [3]
+    assert [o.step for o in mf_celldump.process_captured(dump).processed] == [3]
 
 
 def test_a_step_that_raises_is_left_raw_and_unfinished(tmp_path):

@@ -625,7 +625,7 @@ def test_coerce_validates_dicts():
             "exclude_classes": ["Dropout"],
             "layer_mapping": None,
             "statistics": ["md5", "inf_count", "nan_count"],
-            "backend": "device_stats",
+            "backend": "host",
             "process_on_train_end": False,
             "jobs": 3,
         },

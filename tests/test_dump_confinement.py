@@ -17,32 +17,20 @@ import pytest
 from mf_celldump.processing.driver import process_dump
 from mf_celldump.processing.errors import ProcessingError
 from tests.support import formats as fmt
-from tests.support.hostile_dumps import alarm, build_dump, make_outside, raw_files, run_cli, snapshot
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """A raw dump of two steps of tests/support/capture_net.py, captured with attach (kept raw)."""
-    import mf_celldump
-    from tests.support import capture_net as cn
-
-    cn.set_mode("pynative")
-    net = cn.make_net()
-    train = cn.train_one_step_cell(net)
-    dump = str(tmp_path_factory.mktemp("captured") / "D")
-    handle = mf_celldump.attach(train, {"dump_path": dump, "task": "tensor", "steps": "0-1"})
-    for step in range(2):
-        with handle.step(step):
-            train(cn.make_input())
-    handle.detach()
-    return dump
+from tests.support.hostile_dumps import (
+    alarm,
+    build_dump,
+    make_outside,
+    raw_files,
+    run_cli,
+    snapshot,
+)
 
 
 @pytest.fixture
-def D(captured, tmp_path):
-    dump = str(tmp_path / "D")
-    shutil.copytree(captured, dump, symlinks=True)
-    return dump
+def D(raw_dump):
+    """A raw dump captured with attach (two steps, tensor task), this test's own copy."""
+    return raw_dump
 
 
 @pytest.fixture
@@ -269,16 +257,27 @@ def _existing_output(dump, what, outside):
     assert process_dump(dump, jobs=1, remove_raw=False).ok
     with open(os.path.join(dump, "step0", "rank", fmt.DUMP_JSON), encoding="utf-8") as handle:
         json.load(handle)
+    folder = os.path.join(dump, "step0", "rank")
+    first_npy = os.path.join(folder, fmt.TENSOR_DIR, sorted(os.listdir(os.path.join(folder, fmt.TENSOR_DIR)))[0])
     if what == "data-dir":
-        _replace_by_link(os.path.join(dump, "step0", "rank", fmt.TENSOR_DIR), outside["dir"])
+        _replace_by_link(os.path.join(folder, fmt.TENSOR_DIR), outside["dir"])
+    elif what == "dump-json":
+        _replace_by_link(os.path.join(folder, fmt.DUMP_JSON), outside["fifo"])
+    elif what == "dump-json hard link":
+        shutil.copy(os.path.join(folder, fmt.DUMP_JSON), outside["file"])
+        _replace_by_link(os.path.join(folder, fmt.DUMP_JSON), outside["file"], hard=True)
+    elif what == "npy":
+        _replace_by_link(first_npy, outside["file"])
     else:
-        _replace_by_link(os.path.join(dump, "step0", "rank", fmt.DUMP_JSON), outside["fifo"])
+        _replace_by_link(first_npy, outside["file"], hard=True)
     # make the raw step differ from what the marker says, so step0 is processed again
     os.unlink(os.path.join(rank0(dump), fmt.PROCESSED_DIR, "step0.json"))
 
 
 PLANTS = {
-    # name: (plant(dump, outside), the run must refuse and name something)
+    # name: (plant(dump, outside), the run must refuse and name something); the three that are not refused
+    # are links under names only processing gives, in folders it deletes: the link is unlinked, its target
+    # untouched (docs/robustness.md)
     "_raw folder": (lambda d, o: _replace_by_link(os.path.join(d, "_raw"), o["dir"]), True),
     "rank folder": (lambda d, o: _replace_by_link(rank0(d), o["dir"]), True),
     "manifest -> fifo": (lambda d, o: _replace_by_link(os.path.join(rank0(d), "manifest.json"), o["fifo"]), True),
@@ -291,14 +290,14 @@ PLANTS = {
     "npy -> file": (lambda d, o: _replace_by_link(_first_npy(d), o["file"]), True),
     "npy hard link": (lambda d, o: _replace_by_link(_first_npy(d), o["file"], hard=True), True),
     "step-done -> fifo": (lambda d, o: _replace_by_link(os.path.join(rank0(d), "step0", "_step_done.json"),
-                                                         o["fifo"]), False),
+                                                         o["fifo"]), True),
     "_processed folder": (lambda d, o: _replace_by_link(os.path.join(rank0(d), "_processed"), o["dir"]), True),
     "marker -> fifo": (lambda d, o: (os.makedirs(os.path.join(rank0(d), "_processed")),
                                      os.symlink(o["fifo"], os.path.join(rank0(d), "_processed", "step0.json"))),
-                       False),
+                       True),
     "marker -> file": (lambda d, o: (os.makedirs(os.path.join(rank0(d), "_processed")),
                                      os.symlink(o["file"], os.path.join(rank0(d), "_processed", "step0.json"))),
-                       False),
+                       True),
     "temp file -> file": (lambda d, o: (os.makedirs(os.path.join(rank0(d), "_processed")),
                                         os.symlink(o["file"], os.path.join(rank0(d), "_processed", ".tmp-abcd1234"))),
                           False),
@@ -310,18 +309,21 @@ PLANTS = {
                                                      os.symlink(o["file"], os.path.join(
                                                          rank0(d), ".step7.removing", "c0.f.a.t.n0.p0_float32_1.npy"))),
                                        False),
-    "kbk folder": (lambda d, o: _with_kbk(d, o, "dir"), False),
+    "kbk folder": (lambda d, o: _with_kbk(d, o, "dir"), True),
     "statistic.csv -> fifo": (lambda d, o: _with_kbk(d, o, "csv-symlink"), True),
     "statistic.csv hard link": (lambda d, o: _with_kbk(d, o, "csv-hardlink"), True),
     "output step folder": (lambda d, o: os.symlink(o["dir"], os.path.join(d, "step0")), True),
     "output rank folder": (lambda d, o: (os.makedirs(os.path.join(d, "step0")),
                                          os.symlink(o["dir"], os.path.join(d, "step0", "rank"))), True),
     "partial folder": (lambda d, o: (os.makedirs(os.path.join(d, "step0")),
-                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.partial"))), False),
+                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.partial"))), True),
     "retired folder": (lambda d, o: (os.makedirs(os.path.join(d, "step0")),
-                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.retired"))), False),
-    "output data folder": (lambda d, o: _existing_output(d, "data-dir", o), False),
-    "output dump.json -> fifo": (lambda d, o: _existing_output(d, "dump-json", o), False),
+                                     os.symlink(o["dir"], os.path.join(d, "step0", ".rank.retired"))), True),
+    "output data folder": (lambda d, o: _existing_output(d, "data-dir", o), True),
+    "output dump.json -> fifo": (lambda d, o: _existing_output(d, "dump-json", o), True),
+    "output dump.json hard link": (lambda d, o: _existing_output(d, "dump-json hard link", o), True),
+    "output npy -> file": (lambda d, o: _existing_output(d, "npy", o), True),
+    "output npy hard link": (lambda d, o: _existing_output(d, "npy hard link", o), True),
 }
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata
+import io
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import yaml
 
@@ -166,7 +169,22 @@ def test_counts_say_what_they_count(tmp_path, caplog):
     assert (f"30 entries (cell calls); {tensors + 2} raw files read ({tensors} tensors, 2 non-tensor values)"
             in report.summary())
     assert (f"step 0 rank 0: processed: 30 entries (cell calls), {tensors + 2} raw files read ({tensors} tensors, "
-            "2 non-tensor values), 1 captures read from records.jsonl or statistic.csv") in caplog.text
+            "2 non-tensor values), 1 capture read from records.jsonl or statistic.csv") in caplog.text
+
+
+def test_counts_of_one_and_weight_gradient_entries_are_named_as_such(tmp_path):
+    """One non-tensor value is "1 non-tensor value"; weight-gradient entries are not called cell calls."""
+    builder = build_dump(str(tmp_path / "dump"), steps=1)
+    writer = builder.step(0)
+    writer.seq = 5000
+    writer.value_file(0, F, A, (2,), fmt.KIND_INT, 7, call=0)
+    for cell in (3, 4):
+        writer.tensor(cell, fmt.BACKWARD, "g", (0,), np.ones((2, 2), np.float32))
+    report = process_dump(builder.dump_path, jobs=1)
+    tensors = report.processed[0].tensor_files
+    assert report.processed[0].weight_grad_entries == 2
+    assert (f"32 entries (30 cell calls, 2 weight-gradient entries); {tensors + 1} raw files read ({tensors} "
+            "tensors, 1 non-tensor value)") in report.summary(), report.summary()
 
 
 # -- register-path --yaml prints the entry to add ------------------------------------------
@@ -218,6 +236,37 @@ def test_main_job_prints_progress_and_the_dump_keeps_the_rest_in_a_log(tmp_path)
     assert "Init Config" in log and "step 2 rank 0: processed" in log
     assert sorted(os.listdir(tmp_path)) == ["out"], "nothing (output/, modules/) in the working folder"
     assert (out / "modules").is_dir()
+
+
+def test_without_processing_the_example_points_at_raw_data_not_at_missing_folders(tmp_path):
+    """`process_on_train_end: false`: the step lines say the step is raw, and the closing hint says how to
+    make the step folders instead of naming ones that do not exist; with processing it names one that does."""
+    from mindspore import Tensor
+    from mindspore.train.callback import RunContext, _InternalCallbackParam
+
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        import console
+        import run_tiny_llama
+    finally:
+        sys.path.remove(os.path.join(REPO, "examples"))
+    dump = str(tmp_path / "celldump")
+    build_dump(dump, steps=3)
+    out = io.StringIO()
+    shown = console.Console(out)
+    params = _InternalCallbackParam()
+    params.cur_step_num, params.initial_step, params.net_outputs = 1, 0, Tensor(1.5)
+    console.step_progress_callback(shown, 3, dump, None, processed=False).on_train_step_end(RunContext(params))
+    run_tiny_llama._closing(shown, dump, None, None)
+    text = out.getvalue()
+    assert "step 0: loss 1.5000" in text and "captured into celldump/_raw/ (raw" in text, text
+    assert "step0" not in text.replace("_raw/rank0/step0", ""), text
+    assert f"mf-celldump process {dump}" in text and "-tp <dump>/step{N}" in text, text
+    shutil.rmtree(os.path.join(dump, fmt.RAW_ROOT, "rank0", "step0"))
+    assert process_dump(dump, jobs=1).ok
+    out.truncate(0)
+    run_tiny_llama._closing(shown, dump, None, None)
+    assert f"msprobe compare -tp {dump}/step1 -gp <other run's dump>/step1" in out.getvalue()
 
 
 def test_examples_readme_and_main_readme_describe_the_quiet_main_job():

@@ -69,19 +69,21 @@ def test_graph_compiled_before_training_is_still_dumped(tmp_path):
     assert _raw_steps(dump) == []
 
 
-def test_resumed_run_numbers_steps_globally(tmp_path):
-    # First run: 3 steps and a checkpoint; it selects a step that never runs (no dump).
-    _train(tmp_path, ["--mode", "pynative", "--steps", "3", "--save-checkpoint", "--dump", "steps=100"],
-           out="first")
-    checkpoint = tmp_path / "first" / "checkpoint"
+def test_resumed_run_numbers_steps_globally_and_continues_its_dump(tmp_path):
+    # First run: 3 steps and a checkpoint; it dumps step 1.
+    _, dump = _train(tmp_path, ["--mode", "pynative", "--steps", "3", "--save-checkpoint", "--dump", "steps=1,3-4"],
+                     out="run")
+    checkpoint = tmp_path / "run" / "checkpoint"
     assert list(checkpoint.glob("rank_0/*.ckpt"))
-    # Second run resumes after 3 steps (MindFormers: initial_step 3, cur_step_num restarts at 1);
-    # here the callback is built in Python and given as Trainer(callbacks=[...]).
+    run_id = _entries(dump, 1)["mf_celldump_run_id"]
+    # Second run resumes after 3 steps into the same output folder (MindFormers: initial_step 3,
+    # cur_step_num restarts at 1); here the callback is built in Python and given as Trainer(callbacks=[...]).
     proc, dump = _train(tmp_path, ["--mode", "pynative", "--steps", "3", "--epochs", "2", "--python-callback",
-                                   "--resume-from", str(checkpoint), "--dump", "steps=2-4"], out="second")
-    assert "first step 3" in proc.stdout
-    assert sorted(p.name for p in dump.glob("step*")) == ["step3", "step4"]
+                                   "--resume-from", str(checkpoint), "--dump", "steps=1,3-4"], out="run")
+    assert "first step 3" in proc.stdout and f"continuing run {run_id}" in proc.stdout
+    assert sorted(p.name for p in dump.glob("step*")) == ["step1", "step3", "step4"]
     assert WQ_FORWARD in _entries(dump, 3)["data"]
+    assert {_entries(dump, step)["mf_celldump_run_id"] for step in (1, 3, 4)} == {run_id}, "one run"
     assert _raw_steps(dump) == []
 
 

@@ -278,7 +278,7 @@ def test_distributed_rank_folder_and_graph_step_numbering(dump):
     b.write_manifest()
     s = b.step(2)
     s.tensor(cell, F, A, (0,), _arr(1))
-    s.done(2)
+    s.done(12)  # the marker names the global step: folder step 2 + graph_step_base 10
     b2 = RawDumpBuilder(dump, rank=1, distributed=True, cells=list(b.cells))
     b2.write_manifest()
     s2 = b2.step(12)

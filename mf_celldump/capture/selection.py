@@ -143,3 +143,18 @@ def select_cells(model, config: DumpConfig) -> List[SelectedCell]:
                             weights=weight_names(cell) if config.parameters else ())
         chosen.append(SelectedCell(record, cell))
     return chosen
+
+
+def selection_warnings(model, config: DumpConfig, chosen: List[SelectedCell]) -> List[str]:
+    """What the configuration selects that the model does not have: an ``include`` pattern that
+    matches no cell, and a selection that leaves no cell at all (nothing would be dumped)."""
+    named = [(name, type(cell).__name__) for name, cell in model.cells_and_names() if name]
+    model_name = type(model).__name__
+    examples = ", ".join(name for name, _ in named[:3]) + (", ..." if len(named) > 3 else "")
+    out = [f"include pattern {pattern!r} matches no cell of {model_name} (its cells are named like {examples})"
+           for pattern in config.include if not any(_matches(name, (pattern,)) for name, _ in named)]
+    if named and not chosen:
+        out.append(f"no cell of {model_name} is captured: include={list(config.include)}, "
+                   f"exclude={list(config.exclude)}, exclude_classes={list(config.exclude_classes)} leave none of "
+                   f"its {len(named)} cells; nothing will be dumped")
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -31,13 +32,15 @@ from mf_celldump.capture.graph_wrapper import graph_construct
 from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
+from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.selection import SelectedCell, select_cells, unwrap
+from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
 from mf_celldump.capture.versions import mindspore_version_problem
-from mf_celldump.config import DumpConfig
+from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
+from mf_celldump.rawformat.names import MAX_STEP
 from mf_celldump.rawformat.writer import RawWriter
 from mf_celldump.version import __version__
 
@@ -48,7 +51,19 @@ DEFAULT_MODES = ArgModes(bench_name="")
 
 
 class AttachError(RuntimeError):
-    """The network cannot be captured as asked (wrong type, already attached, bad path)."""
+    """The network cannot be captured as asked (wrong type, already attached, bad path, a detached handle)."""
+
+
+class StepError(ValueError):
+    """A step number that is not a global step: an int from 0 to ``rawformat.names.MAX_STEP``."""
+
+
+def checked_step(step: Any) -> int:
+    """``step`` as an int, or ``StepError``: raw step folders name global steps, which are ints in [0, MAX_STEP]."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= MAX_STEP:
+        raise StepError(f"step {short_repr(step)} is not a training step: a step is the global step number, an "
+                        f"int from 0 to {MAX_STEP} (0 is the first step of training)")
+    return int(step)
 
 
 @dataclass(frozen=True)
@@ -156,10 +171,13 @@ class CellDump:
             return
         choice = choose_backend(self.config, self.device, graph_mode)
         logger.info("capture backend: %s (%s)", choice.name, choice.reason)
+        self.cells = select_cells(self.model, self.config)
+        for text in selection_warnings(self.model, self.config, self.cells):
+            logger.warning("%s", text)
+        self._claim_dump_path()
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
         context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives)
         self.backend = create_backend(choice.name, context)
-        self.cells = select_cells(self.model, self.config)
         try:
             self.backend.setup(self.initial_step)
             if self.backend.writes_later:
@@ -174,6 +192,19 @@ class CellDump:
         logger.info("capturing %d cells of %s into %s (task=%s, data_mode=%s, steps=%s)",
                     len(self.cells), type(self.model).__name__, self.dump_path,
                     self.config.task, self.config.data_mode, self.config.steps.describe())
+
+    def _claim_dump_path(self) -> None:
+        """Start a run in ``dump_path``, or continue the one this attach resumes (``capture.run_identity``)."""
+        own = self.run_id
+        try:
+            self.run_id = claim(self.dump_path, self.rank, self.distributed, own, [s.record for s in self.cells],
+                                self.config.task, self.initial_step)
+        except DumpInUseError as err:
+            self.detach()
+            raise AttachError(str(err)) from None
+        if self.run_id != own:
+            logger.info("continuing run %s in %s from step %d (a resumed run)", self.run_id, self.dump_path,
+                        self.initial_step)
 
     def _wrap_cells(self, graph_mode: bool) -> None:
         modes = _layer_modes(self.config, self.cells, self.model)
@@ -243,7 +274,15 @@ class CellDump:
         return self.backend is not None and self.backend.writes_later
 
     def begin_step(self, step: int) -> Optional[StepEnd]:
-        """Global step ``step`` (0-based) is about to run; ends a step still running (returned)."""
+        """Global step ``step`` (0-based) is about to run; ends a step still running (returned).
+
+        Refuses a step that is not an int in [0, MAX_STEP] (``StepError``) and a detached handle
+        (``AttachError``): their data would go where processing never looks.
+        """
+        step = checked_step(step)
+        if not self.attached:
+            raise AttachError(f"step {step}: this dump of {type(self.model).__name__} is detached; attach again to "
+                              "capture more steps")
         ended = self.end_step()
         selected = self.attached and self.step_selected(step)
         if selected and not self.writes_later:
@@ -303,7 +342,7 @@ class CellDump:
 
         A step that raises is aborted, not completed: its raw data stays unprocessed.
         """
-        self.begin_step(step)
+        self.begin_step(step)  # refuses a bad step or a detached handle before anything runs
         try:
             yield self
         except BaseException:
@@ -336,6 +375,7 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
     (tests, platforms without the kernels); by default MindSpore's own.
     """
     config = DumpConfig.coerce(config)
+    initial_step = checked_step(initial_step)
     import mindspore as ms
     from mindspore import nn
 

@@ -8,10 +8,12 @@ that folder may be a symlink (the only way a plain name could lead outside the d
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from numpy.lib import format as npformat
 
 
 class TensorFileError(ValueError):
@@ -31,6 +33,22 @@ def data_path(data_dir: str, record: Mapping[str, Any]) -> Optional[str]:
     return path
 
 
+def _check_npy_size(path: str) -> None:
+    """Refuse an ``.npy`` whose header claims more data than the file holds, before anything is allocated
+    (a header claiming 10**12 elements would otherwise end in MemoryError)."""
+    with open(path, "rb") as handle:
+        version = npformat.read_magic(handle)
+        if version not in ((1, 0), (2, 0)):
+            return  # numpy's reader checks the rest
+        read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+        shape, _, dtype = read(handle)  # numpy's own header parser: nothing allocated for the data
+        declared = math.prod(shape) * dtype.itemsize
+        present = os.fstat(handle.fileno()).st_size - handle.tell()
+    if present != declared and not dtype.hasobject:
+        raise TensorFileError(f"{path}: its header declares {declared} data bytes ({'x'.join(map(str, shape))} "
+                              f"{dtype}), the file holds {max(present, 0)}; not a whole tensor file")
+
+
 def load(path: str) -> np.ndarray:
     """The array in ``path``; bfloat16 and other torch-only dtypes come back as float32."""
     if not os.path.isfile(path):
@@ -38,11 +56,14 @@ def load(path: str) -> np.ndarray:
     try:
         if path.endswith(".pt"):
             return _load_pt(path)
+        _check_npy_size(path)
         array = np.load(path, allow_pickle=False)
     except TensorFileError:
         raise
-    except (OSError, ValueError, EOFError) as err:
+    except (OSError, ValueError, EOFError, SyntaxError, TypeError) as err:
         raise TensorFileError(f"{path}: unreadable: {err}") from None
+    except MemoryError:
+        raise TensorFileError(f"{path}: too large for the memory available") from None
     if array.dtype.kind not in "biuf":
         raise TensorFileError(f"{path}: holds {array.dtype} values, not numbers")
     return array

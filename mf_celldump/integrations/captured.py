@@ -19,14 +19,30 @@ import os
 from typing import List, Optional, Sequence
 
 from mf_celldump.layout import naming
+from mf_celldump.layout.reader import output_run_id
 
 
 def _unprocessed(dump) -> List[int]:
-    """Captured steps of this rank with no msprobe output in place yet."""
+    """Captured steps of this rank with no msprobe output of this run in place yet.
+
+    An output counts when its ``dump.json`` names this dump's run (``layout.naming.RUN_ID_KEY``):
+    one of an earlier run under the same step number is not this step's.
+    """
     rank_dir = naming.output_rank_dir_name(dump.rank, dump.distributed)
     return [step for step in dump.captured_steps
-            if not os.path.isfile(os.path.join(dump.dump_path, naming.step_dir_name(step), rank_dir,
-                                               naming.DUMP_JSON))]
+            if output_run_id(os.path.join(dump.dump_path, naming.step_dir_name(step), rank_dir,
+                                          naming.DUMP_JSON)) != dump.run_id]
+
+
+def _writes_nothing(dump) -> Optional[str]:
+    """Why this rank's capture writes nothing by configuration (None when it may write)."""
+    if dump.rank not in dump.config.ranks:
+        return (f"rank {dump.rank} is not in ranks={dump.config.ranks.describe()}: this rank captures nothing, so "
+                "there is nothing to process here")
+    if not dump.steps_remain:
+        return (f"steps={dump.config.steps.describe()} all lie before this run's first step {dump.initial_step}: "
+                "nothing was captured, so there is nothing to process")
+    return None
 
 
 def wait_for_files(dump, steps: Optional[Sequence[int]] = None, timeout: Optional[float] = None):
@@ -50,7 +66,11 @@ def process_captured(dump, steps: Optional[Sequence[int]] = None, observer=None,
     writes after the fact are waited for first (up to ``timeout``).
     """
     from mf_celldump.processing.driver import process_dump
+    from mf_celldump.processing.report import ProcessingReport
 
+    silent = _writes_nothing(dump)
+    if silent is not None:  # legal configuration: say so instead of "no dump here"
+        return ProcessingReport(dump.dump_path, warnings=[silent])
     waited = wait_for_files(dump, steps, timeout) if dump.writes_later else None
     report = process_dump(dump.dump_path, steps=steps, ranks=[dump.rank], jobs=dump.config.jobs,
                           only_complete=True, observer=observer)

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 from mf_celldump.config import DumpConfig
 from mf_celldump.integrations.background import BackgroundProcessor
 from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
+from mf_celldump.processing.outcome import counted, entries_text
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ class RunSummary:
     captured_steps: List[int] = field(default_factory=list)
     processed_steps: List[int] = field(default_factory=list)
     outputs: List[str] = field(default_factory=list)  # step folders, relative to dump_path
-    entries: int = 0  # cell calls (msprobe entries) in the processed output
-    files: int = 0  # raw tensor files read by processing
+    entries: int = 0  # msprobe entries in the processed output: cell calls and weight-gradient entries
+    weight_grad_entries: int = 0  # of the entries: parameters_grad ones
+    files: int = 0  # raw files read by processing (tensors and non-tensor values)
     empty_steps: List[int] = field(default_factory=list)
     unfinished_step: Optional[int] = None
     problems: List[str] = field(default_factory=list)
@@ -52,6 +54,7 @@ class RunSummary:
                 self.processed_steps.append(outcome.step)
                 self.outputs.append(outcome.output)
             self.entries += outcome.entries
+            self.weight_grad_entries += outcome.weight_grad_entries
             self.files += outcome.files
             if outcome.entries == 0 and outcome.step not in self.empty_steps:
                 self.empty_steps.append(outcome.step)
@@ -63,7 +66,8 @@ class RunSummary:
         steps = ",".join(str(s) for s in sorted(self.processed_steps)) or "none"
         captured = ",".join(str(s) for s in self.captured_steps) or "none"
         lines = [f"mf_celldump: rank {self.rank}: captured steps {captured}; processed {steps} "
-                 f"({self.entries} cell-call entries, {self.files} tensor files) under {self.dump_path}"]
+                 f"({entries_text(self.entries, self.weight_grad_entries)}, {counted(self.files, 'raw file')}) "
+                 f"under {self.dump_path}"]
         if self.outputs:
             lines.append("  output: " + ", ".join(sorted(self.outputs)))
         if self.empty_steps:

@@ -21,12 +21,17 @@ PARAMETERS = "parameters"
 PARAMETERS_GRAD = "parameters_grad"
 
 DUMP_JSON = "dump.json"
+# Our key in dump.json's head: the run (the capture, resumed or not) whose data the folder holds.
+# msprobe reads the keys it knows (task, level, framework, dump_data_dir, data) and ignores others.
+RUN_ID_KEY = "mf_celldump_run_id"
 CONSTRUCT_JSON = "construct.json"
 STACK_JSON = "stack.json"
 TENSOR_DIR = "dump_tensor_data"
 
-_STEP_RE = re.compile(r"^step(\d{1,12})$")
-_RANK_RE = re.compile(r"^rank(\d{0,9})$")
+# Numbers as ``str(int)`` writes them: a name is ours only if it reads back to itself
+# (``step01`` is not step 1's folder).
+_STEP_RE = re.compile(r"^step(0|[1-9]\d{0,11})$")
+_RANK_RE = re.compile(r"^rank(0|[1-9]\d{0,8})?$")
 
 
 def step_dir_name(step: int) -> str:

@@ -9,11 +9,15 @@ when the entries are exhausted).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from mf_celldump.layout import naming
 
 CHUNK = 1 << 20
 MAX_ENTRY_CHARS = 256 << 20  # one entry bigger than this is not a dump entry
@@ -37,7 +41,13 @@ class _Cursor:
         self.eof = False
 
     def fill(self) -> bool:
-        data = self.handle.read(CHUNK)
+        try:
+            data = self.handle.read(CHUNK)
+        except UnicodeDecodeError as err:
+            raise DumpError(f"{self.path}: not UTF-8 text ({err.reason}); "
+                            "a dump.json is JSON text") from None
+        except OSError as err:
+            raise DumpError(f"{self.path}: cannot read: {err.strerror or err}") from None
         self.consumed += self.pos
         self.buf = self.buf[self.pos :] + data
         self.pos = 0
@@ -63,6 +73,8 @@ class _Cursor:
         while True:
             try:
                 obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise self.error("JSON nested too deeply to be a dump entry") from None
             except json.JSONDecodeError as err:
                 if self.eof:
                     raise self.error(f"invalid JSON: {err.msg}") from None
@@ -82,33 +94,66 @@ class _Cursor:
         return DumpError(f"{self.path}: at character {self.consumed + self.pos}: {message}")
 
 
+def _read_head(cursor: _Cursor, header: Dict[str, Any]) -> bool:
+    """Read the keys before ``data`` into ``header``; True when ``data`` follows (the cursor is at its first entry)."""
+    cursor.expect("{")
+    while True:
+        char = cursor.peek()
+        if char == "}":
+            return False
+        key = cursor.value()
+        if not isinstance(key, str):
+            raise cursor.error("expected a key")
+        cursor.expect(":")
+        if key == "data":
+            cursor.expect("{")
+            return True
+        header[key] = cursor.value()
+        if cursor.peek() == ",":
+            cursor.pos += 1
+
+
+HEAD_BYTES = 16 << 10  # the keys before "data" in a dump.json we wrote (dump_data_dir is a path: < 4 KiB)
+
+
+def output_run_id(dump_json: str) -> Optional[str]:
+    """The run id (``naming.RUN_ID_KEY``) in the head of a dump.json we wrote; None when absent or unreadable.
+
+    Only the head is read (at most ``HEAD_BYTES``), and never through a link.
+    """
+    try:
+        fd = os.open(dump_json, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = handle.read(HEAD_BYTES).decode("utf-8", "replace")
+    header: Dict[str, Any] = {}
+    try:
+        _read_head(_Cursor(io.StringIO(text), dump_json), header)
+    except (DumpError, RecursionError):
+        pass  # a head cut at HEAD_BYTES or not ours: what was read before still counts
+    value = header.get(naming.RUN_ID_KEY)
+    return value if isinstance(value, str) and value else None
+
+
 class DumpJson:
     """One ``dump.json``: ``header`` (task, level, framework, dump_data_dir) and streamed ``entries()``."""
 
     def __init__(self, path: str):
         self.path = path
         self.header: Dict[str, Any] = {}
-        with open(path, encoding="utf-8") as handle:  # read the header once, up to "data"
-            cursor = _Cursor(handle, path)
-            self._to_data(cursor)
+        try:
+            handle = open(path, encoding="utf-8")  # noqa: SIM115  (closed by the with below)
+        except OSError as err:
+            raise DumpError(f"{path}: cannot read: {err.strerror or err}") from None
+        with handle:  # read the header once, up to "data"
+            self._to_data(_Cursor(handle, path))
 
     def _to_data(self, cursor: _Cursor) -> bool:
         """Advance to the first entry of ``data``; header keys go to ``self.header``."""
-        cursor.expect("{")
-        while True:
-            char = cursor.peek()
-            if char == "}":
-                return False
-            key = cursor.value()
-            if not isinstance(key, str):
-                raise cursor.error("expected a key")
-            cursor.expect(":")
-            if key == "data":
-                cursor.expect("{")
-                return True
-            self.header[key] = cursor.value()
-            if cursor.peek() == ",":
-                cursor.pos += 1
+        return _read_head(cursor, self.header)
 
     def entries(self) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """(entry name, entry body) in file order, i.e. the dumper's execution order."""

@@ -11,7 +11,7 @@ import bisect
 import difflib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 from mf_celldump.mapping.entries import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
 from mf_celldump.mapping.resolve import child_name, modes_for_network, named_classes
@@ -23,12 +23,21 @@ CONTAINER_CLASSES = frozenset({"CellList", "SequentialCell", "CellDict"})
 
 @dataclass(frozen=True)
 class UnmatchedEntry:
-    """A child key (or TopLayer name) that names no cell of the network."""
+    """A child key (or TopLayer name) that names no cell of the network.
+
+    ``candidates`` are the names it could have meant (shared between entries); the nearest
+    are found only when the entry is described, so checking a mapping of many thousand
+    entries costs no similarity search for the entries nobody reads.
+    """
 
     section: str
     key: str
     entry: ArgModes
-    suggestions: Tuple[str, ...] = ()
+    candidates: Sequence[str] = field(default=(), compare=False, repr=False)
+
+    @property
+    def suggestions(self) -> Tuple[str, ...]:
+        return _nearest(self.key, list(self.candidates))
 
     def describe(self) -> str:
         what = f"cell {self.key!r}" if self.section == TOP_LAYER else f"child {self.key!r}"
@@ -123,15 +132,16 @@ def check_mapping(mapping: LayerMapping, named_cells: Iterable[Tuple[str, Any]])
                 sources = tuple(dict.fromkeys(m.source for m in children.values()))
                 report.absent_classes.append(AbsentClass(cls, len(children), sources))
             continue
+        relative: List[str] = []
         for key, entry in children.items():
             if any(child_name(parent, key) in present for parent in instances[cls]):
                 continue
-            relative = _descendants(names, instances[cls][0])
-            report.unmatched.append(UnmatchedEntry(cls, key, entry, _nearest(key, relative)))
+            relative = relative or _descendants(names, instances[cls][0])
+            report.unmatched.append(UnmatchedEntry(cls, key, entry, relative))
 
     for name, entry in mapping.top_layer.items():
         if name not in present:
-            report.unmatched.append(UnmatchedEntry(TOP_LAYER, name, entry, _nearest(name, names)))
+            report.unmatched.append(UnmatchedEntry(TOP_LAYER, name, entry, names))
 
     with_modes = modes_for_network(mapping, pairs)
     report.cells_with_modes = len(with_modes)
@@ -139,16 +149,30 @@ def check_mapping(mapping: LayerMapping, named_cells: Iterable[Tuple[str, Any]])
     return report
 
 
+MAX_LOGGED = 10  # lines of each kind at attach; the rest are summed up in one line
+
+
 def log_mapping_warnings(report: MappingReport, log: logging.Logger) -> None:
-    """Log a report at attach time: problems as warnings, the rest at debug level."""
-    for item in report.problems:
+    """Log a report at attach time: problems as warnings, the rest at debug level.
+
+    At most ``MAX_LOGGED`` lines of each kind, then one line saying how many more there are
+    (``mf-celldump mapping check`` lists them all): a mapping of many thousand entries for
+    another model gives a summary, not a line per entry.
+    """
+    problems = report.problems
+    for item in problems[:MAX_LOGGED]:
         log.warning("layer mapping: %s", item.describe())
-    for item in report.bundled_unmatched:
-        log.debug("layer mapping (bundled variant, not present): %s", item.describe())
-    for item in report.absent_classes:
-        log.debug("layer mapping: class not in network: %s", item.describe())
-    for item in report.uncovered:
-        log.debug("layer mapping: no entry for %s", item.describe())
+    if len(problems) > MAX_LOGGED:
+        log.warning("layer mapping: ... and %d more entries that match no cell (%d in all); "
+                    "`mf-celldump mapping check FILE --model ...` lists them all", len(problems) - MAX_LOGGED,
+                    len(problems))
+    if log.isEnabledFor(logging.DEBUG):
+        for what, items in (("(bundled variant, not present)", report.bundled_unmatched),
+                            ("class not in network", report.absent_classes), ("no entry for", report.uncovered)):
+            for item in items[:MAX_LOGGED]:
+                log.debug("layer mapping: %s %s", what, item.describe())
+            if len(items) > MAX_LOGGED:
+                log.debug("layer mapping: %s: ... and %d more", what, len(items) - MAX_LOGGED)
     log.info(
         "layer mapping: %d of %d cells get modes from %s; %s",
         report.cells_with_modes,

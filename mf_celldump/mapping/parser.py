@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
+from mf_celldump.config import read_yaml_text
 from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleError, RuleValue, check_rule
 from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError
 
@@ -211,14 +212,49 @@ def parse_entry(text: str, source: str = "", line: int = 0, bundled: bool = Fals
     return ArgModes(name, inputs, outputs, rules, source=source, line=line, bundled=bundled)
 
 
+# A mapping file is two levels of mappings (class -> child -> entry text); its size in entries is
+# bounded so that attach stays bounded in time and memory whatever file it is given.
+MAX_DEPTH = 8
+MAX_ENTRIES = 100_000
+MAX_FILE_BYTES = 64 << 20  # beyond the entries above by far; larger files are not read at all
+# libyaml when PyYAML has it: the same nodes and line numbers, composed about ten times faster.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _check_outline(text: str, source: str) -> None:
+    """Refuse, before anything is built, a text nested deeper or holding more entries than a mapping can.
+
+    Walks the parser's events, which keep their own stack (no recursion), counting values.
+    """
+    depth, values = 0, 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise MappingError(f"{source}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels "
+                                   f"deep; a layer mapping maps class names to child names to entries like "
+                                   f"{ENTRY_SYNTAX}")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif isinstance(event, yaml.ScalarEvent):
+            values += 1
+            if values > 2 * MAX_ENTRIES + 2 * MAX_DEPTH:
+                raise MappingError(f"{source}:{event.start_mark.line + 1}: more than {MAX_ENTRIES} entries; a layer "
+                                   "mapping names the children of a few classes (tens of entries each): split "
+                                   "it by model, or give the entries of the classes your model has")
+
+
 def parse_mapping_text(text: str, source: str = "<string>", bundled: bool = False) -> LayerMapping:
     """Parse the text of a layer-mapping file; ``source`` names it in messages."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_outline(text, source)
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as err:
         raise MappingError(f"{source}{_syntax_error_text(err)}") from None
     except yaml.YAMLError as err:
         raise MappingError(f"{source}: YAML error: {err}") from None
+    except RecursionError:
+        raise MappingError(f"{source}: nested too deeply to be a layer mapping") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL_TAG):
         return LayerMapping(sources=(source,))
     if not isinstance(root, yaml.MappingNode):
@@ -245,15 +281,11 @@ def load_mapping_file(path: str, bundled: bool = False, source: Optional[str] = 
     source = source or path
     if os.path.isdir(path):
         raise MappingError(f"layer mapping {path!r} is a directory; give a YAML file")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
+    if not os.path.exists(path):
         raise MappingError(
             f"layer mapping file not found: {path} (looked at {os.path.abspath(path)})"
         ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise MappingError(f"cannot read layer mapping file {path}: {err}") from None
+    text = read_yaml_text(path, "layer mapping file", MappingError, MAX_FILE_BYTES)
     return parse_mapping_text(text, source=source, bundled=bundled)
 
 
@@ -335,8 +367,15 @@ def _kind(node: yaml.Node) -> str:
 
 
 def _text(node: yaml.Node) -> str:
+    """The node as short YAML flow text, quoted: ``'[in, out]'`` (libyaml's nodes keep no source text)."""
+    text = _flow(node)
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def _flow(node: yaml.Node) -> str:
     if isinstance(node, yaml.ScalarNode):
-        return repr(node.value)
-    mark = node.start_mark
-    snippet = mark.buffer[mark.pointer : node.end_mark.pointer] if mark.buffer else ""
-    return repr(snippet.strip()) if snippet else f"<{_kind(node)}>"
+        return node.value
+    if isinstance(node, yaml.SequenceNode):
+        return "[" + ", ".join(_flow(item) for item in node.value[:8]) + (", ...]" if len(node.value) > 8 else "]")
+    pairs = [f"{_flow(key)}: {_flow(value)}" for key, value in node.value[:8]]
+    return "{" + ", ".join(pairs) + (", ...}" if len(node.value) > 8 else "}")

@@ -85,6 +85,10 @@ def _rank_contexts(root: str, rank_dirs, rank_filter: Optional[IndexSelection],
         except raw_manifest.ManifestError as err:
             failures.append(f"rank {rank}: {err}; rank not processed")
             continue
+        if manifest.rank != rank:
+            failures.append(f"rank {rank}: {manifest.path} is the manifest of rank {manifest.rank}, not of the rank "
+                            f"its folder names (moved or copied?); rank not processed, its raw data is kept")
+            continue
         if not manifest.distributed:
             if single_card is not None:
                 failures.append(
@@ -116,11 +120,17 @@ def _remove_orphan_markers(ctx: RankContext, live_steps: Set[int]) -> None:
 
 def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: bool,
                report: ProcessingReport) -> Tuple[List[StepSource], Set[int]]:
-    """The steps of one rank to process now, and every raw step the rank has."""
-    fsutil.check_plain_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
+    """The steps of one rank to process now, and every raw step the rank has.
+
+    A ``_processed`` that is not a plain folder is a problem of every step (each one's output
+    is written, its raw data kept: what was consumed cannot be recorded), never of the rank.
+    """
     report.warnings.extend(raw_cleanup.clean_leftovers(ctx.rank_dir, lambda step: [
         os.path.join(ctx.root_real, naming.step_dir_name(step), ctx.out_rank_name, naming.TENSOR_DIR)]))
-    raw_cleanup.clean_processed_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
+    try:
+        raw_cleanup.clean_processed_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
+    except fsutil.UnsafePathError:
+        pass  # each step says so when it records what it consumed
     sources, problems = find_steps(ctx.root_real, ctx.rank_dir, ctx.manifest, report.warnings)
     report.problems.extend(f"rank {ctx.rank}: {p}" for p in problems)
     if remove_raw:
@@ -129,6 +139,11 @@ def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: b
     for step in sorted(sources):
         source = sources[step]
         if step_filter is not None and step not in step_filter:
+            continue
+        if source.refused is not None:
+            out = os.path.join(naming.step_dir_name(step), ctx.out_rank_name)
+            report.outcomes.append(StepOutcome(ctx.rank, step, out, "failed", complete=source.complete,
+                                               problems=[source.refused]))
             continue
         if only_complete and not source.complete:
             out = os.path.join(naming.step_dir_name(step), ctx.out_rank_name)
@@ -227,7 +242,7 @@ def process_dump(dump_path, steps: Union[IndexSelection, Iterable[int], None] = 
     observer = observer or ProgressObserver()
     report = ProcessingReport(root)
     try:
-        rank_dirs = find_rank_dirs(root, os.path.join(root, names.RAW_ROOT), report.problems)
+        rank_dirs = find_rank_dirs(root, os.path.join(root, names.RAW_ROOT), report.problems, report.warnings)
     except OSError as err:
         raise ProcessingError(space.os_problem(err, "cannot read the raw data folder")) from None
     if not rank_dirs:

@@ -251,3 +251,29 @@ def _parent_by_order(calls: Dict[Tuple[str, str], List[Entry]]) -> Callable[[Ent
         return calls[key][max(index, 0)].name
 
     return parent
+
+
+# Calls a cell may have made in a step without leaving a capture (a call number past the
+# calls present by more than this is not a count of calls).
+MAX_CALL_GAP = 1024
+
+
+def implausible_calls(entries: List[Entry]) -> List[str]:
+    """Warnings for entries whose call number lies far past the calls of their cell in the step.
+
+    Capture numbers a cell's calls 0, 1, 2, ... in each step, so a raw name saying call
+    999999999 beside a handful of calls is forged or corrupt; the entry is kept under that
+    number (it is what the raw data says), and said.
+    """
+    calls: Dict[Tuple[int, str], int] = {}
+    for entry in entries:
+        key = (entry.cell.cell_id, entry.direction)
+        calls[key] = calls.get(key, 0) + 1
+    out = []
+    for entry in entries:
+        count = calls[(entry.cell.cell_id, entry.direction)]
+        if entry.call > count + MAX_CALL_GAP:
+            out.append(f"{entry.name}: call number {entry.call}, but the step holds {count} call(s) of this cell "
+                       "in this direction; a capture numbers calls 0, 1, 2, ... (forged or corrupt raw name?); kept "
+                       "under that number")
+    return out

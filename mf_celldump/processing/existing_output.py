@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import List, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from mf_celldump.layout import naming
 
@@ -64,4 +64,65 @@ def foreign_in_output(folder: str) -> List[str]:
         elif entry.name == naming.TENSOR_DIR and entry.is_dir(follow_symlinks=False):
             found.extend(f"{naming.TENSOR_DIR}/{sub.name}" for sub in os.scandir(entry.path)
                          if not (sub.name.startswith("Cell.") and sub.name.endswith(".npy")))
+    return sorted(found)
+
+
+def _extra_names(info: os.stat_result, known: Dict[Tuple[int, int], int]) -> bool:
+    return info.st_nlink > known.get((info.st_dev, info.st_ino), 1)
+
+
+def _inode_names(folder: Optional[str]) -> Dict[Tuple[int, int], int]:
+    """(device, inode) -> names in ``folder`` (no link followed); empty when there is no such folder."""
+    names: Dict[Tuple[int, int], int] = {}
+    if folder is None:
+        return names
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    info = entry.stat(follow_symlinks=False)
+                    names[(info.st_dev, info.st_ino)] = names.get((info.st_dev, info.st_ino), 0) + 1
+    except OSError:
+        pass
+    return names
+
+
+def _names_in(folders: Sequence[Optional[str]]) -> Dict[Tuple[int, int], int]:
+    names: Dict[Tuple[int, int], int] = {}
+    for folder in folders:
+        for key, count in _inode_names(folder).items():
+            names[key] = names.get(key, 0) + count
+    return names
+
+
+def links_in_output(folder: str, own_folders: Sequence[Optional[str]]) -> List[str]:
+    """Links in an output rank folder about to be replaced, where processing writes its own files:
+    a symlink in place of a JSON file, ``dump_tensor_data`` or a tensor file, and a file with a name
+    outside this output and ``own_folders`` (the step's raw folder and the output being assembled:
+    the hard links processing itself makes)."""
+    found = []
+    for name in (naming.DUMP_JSON, naming.CONSTRUCT_JSON, naming.STACK_JSON):
+        try:
+            info = os.lstat(os.path.join(folder, name))
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode) or info.st_nlink > 1:
+            found.append(name)
+    data_dir = os.path.join(folder, naming.TENSOR_DIR)
+    if os.path.islink(data_dir):
+        return found + [naming.TENSOR_DIR]
+    ours = _inode_names(data_dir)
+    if not ours:
+        return found
+    raw = None
+    with os.scandir(data_dir) as entries:
+        for entry in entries:
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                found.append(f"{naming.TENSOR_DIR}/{entry.name}")
+            elif stat.S_ISREG(info.st_mode) and _extra_names(info, ours):
+                raw = _names_in(own_folders) if raw is None else raw
+                key = (info.st_dev, info.st_ino)
+                if info.st_nlink > ours.get(key, 0) + raw.get(key, 0):
+                    found.append(f"{naming.TENSOR_DIR}/{entry.name}")
     return sorted(found)

@@ -184,9 +184,12 @@ def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
     return body
 
 
-def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, dict]]) -> Iterable[str]:
-    """dump.json as text chunks, one entry per line."""
+def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, dict]],
+                    run_id: str = "") -> Iterable[str]:
+    """dump.json as text chunks, one entry per line; ``run_id`` names the run in the head (before ``data``)."""
     head = {"task": task, "level": "L0", "framework": "mindspore", "dump_data_dir": data_dir}
+    if run_id:
+        head[naming.RUN_ID_KEY] = run_id
     yield "{\n"
     for key, value in head.items():
         yield f" {json.dumps(key)}: {json.dumps(value)},\n"
@@ -199,12 +202,14 @@ def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[s
 
 
 def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
-                 failed: Dict[int, int], parameters: bool = False) -> Iterator[Tuple[str, Iterable[str]]]:
+                 failed: Dict[int, int], parameters: bool = False,
+                 run_id: str = "") -> Iterator[Tuple[str, Iterable[str]]]:
     """(file name, text chunks) of the three files; lazy, so generating them again (to measure) is cheap.
 
     ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; captures
     in ``failed`` (by id) get no ``data_name``. ``parameters``: every forward entry gets
-    msprobe's ``parameters`` field (``{}`` for a cell without weights).
+    msprobe's ``parameters`` field (``{}`` for a cell without weights). ``run_id``: the
+    capture's run, recorded in dump.json's head.
     """
 
     def bodies():
@@ -223,7 +228,7 @@ def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
                 body[naming.PARAMETERS] = weights_body(entry, leaves)
             yield entry.name, body
 
-    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies())
+    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies(), run_id)
     yield naming.CONSTRUCT_JSON, [construct_json(entries)]
     yield naming.STACK_JSON, [stack_json(entries)]
 

@@ -15,7 +15,7 @@ class StepOutcome:
     output: str
     status: str  # processed | already-processed | skipped-incomplete | failed (no output written)
     complete: bool = True
-    entries: int = 0  # msprobe entries: one per cell call and direction
+    entries: int = 0  # msprobe entries: one per cell call and direction, plus weight_grad_entries
     files: int = 0  # raw files read: tensor_files + value_files
     records: int = 0  # captures that came from records.jsonl or statistic.csv, not from a file
     raw_removed: bool = False
@@ -25,12 +25,31 @@ class StepOutcome:
     value_files: int = 0  # raw files holding a non-tensor argument (int, float, bool, None)
     foreign_kept: List[str] = field(default_factory=list)  # files we did not write, left in the raw folder
     output_written: bool = False  # this run put the output in place
+    weight_grad_entries: int = 0  # of the entries: parameters_grad ones (a cell's weight gradients in the step)
 
     def counts_text(self) -> str:
         """What the numbers of this step are, in words (the per-step log line)."""
-        text = f"{self.entries} entries (cell calls), {self.files} raw files read"
+        text = f"{entries_text(self.entries, self.weight_grad_entries)}, {counted(self.files, 'raw file')} read"
         if self.files:
-            text += f" ({self.tensor_files} tensors, {self.value_files} non-tensor values)"
+            text += f" ({files_text(self.tensor_files, self.value_files)})"
         if self.records:
-            text += f", {self.records} captures read from records.jsonl or statistic.csv"
+            text += f", {counted(self.records, 'capture')} read from records.jsonl or statistic.csv"
         return text
+
+
+def counted(number: int, noun: str, plural: str = "") -> str:
+    """``1 tensor``, ``2 tensors`` (``plural`` when not ``noun + "s"``)."""
+    return f"{number} {noun}" if number == 1 else f"{number} {plural or noun + 's'}"
+
+
+def entries_text(entries: int, weight_grad_entries: int) -> str:
+    """``30 entries (cell calls)``, or ``30 entries (26 cell calls, 4 weight-gradient entries)``."""
+    total = counted(entries, "entry", "entries")
+    if not weight_grad_entries:
+        return f"{total} (cell calls)"
+    calls = counted(entries - weight_grad_entries, "cell call")
+    return f"{total} ({calls}, {counted(weight_grad_entries, 'weight-gradient entry', 'weight-gradient entries')})"
+
+
+def files_text(tensors: int, values: int) -> str:
+    return f"{counted(tensors, 'tensor')}, {counted(values, 'non-tensor value')}"

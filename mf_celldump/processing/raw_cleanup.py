@@ -87,15 +87,18 @@ def remove_raw_step(rank_dir: str, raw_dir: str, our_links: Links) -> Removal:
 def finish_removal(removing: str, original: Optional[str], our_links: Links) -> Removal:
     """Delete our files in a ``.removing`` folder; when only foreign files are left they go back to ``original``.
 
-    A symlink in place of the folder is only unlinked (inside the dump; its target stays).
+    A symlink in place of the folder is only unlinked (inside the dump; its target stays);
+    anything else that is not a folder is not ours and stays (named in ``foreign``).
     """
     try:
         info = os.lstat(removing)
     except FileNotFoundError:
         return Removal()
-    if not stat.S_ISDIR(info.st_mode):
+    if stat.S_ISLNK(info.st_mode):
         os.unlink(removing)
         return Removal()
+    if not stat.S_ISDIR(info.st_mode):
+        return Removal(foreign=[os.path.basename(removing)])
     result = Removal()
     with os.scandir(removing) as entries:
         for entry in entries:
@@ -129,7 +132,11 @@ def clean_leftovers(rank_dir: str, data_dirs_of: Callable[[int], List[str]]) -> 
         if step is None:
             continue  # not a name we give
         original_path = os.path.join(rank_dir, original)
-        result = finish_removal(os.path.join(rank_dir, name), original_path, output_links(*data_dirs_of(step)))
+        path = os.path.join(rank_dir, name)
+        result = finish_removal(path, original_path, output_links(*data_dirs_of(step)))
+        if result.foreign == [name]:
+            notes.append(f"{path}: not a folder mf_celldump made; left in place")
+            continue
         text = result.describe(original_path)
         if text:
             notes.append(text)

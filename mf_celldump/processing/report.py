@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from mf_celldump.processing.outcome import StepOutcome
+from mf_celldump.processing.outcome import StepOutcome, counted, entries_text, files_text
 
 
 @dataclass
@@ -50,6 +50,10 @@ class ProcessingReport:
         return sum(o.entries for o in self.processed)
 
     @property
+    def weight_grad_entries(self) -> int:
+        return sum(o.weight_grad_entries for o in self.processed)
+
+    @property
     def files(self) -> int:
         """Raw files read: tensor_files + value_files."""
         return sum(o.files for o in self.processed)
@@ -92,8 +96,8 @@ class ProcessingReport:
         shown = [o.output for o in done[:4]] + (["..."] if len(done) > 4 else [])
         return [
             f"processed {len(done)} step folder(s): steps {ranges(steps)}, ranks {ranges(ranks)}; "
-            f"{self.entries} entries (cell calls); {self.files} raw files read "
-            f"({self.tensor_files} tensors, {self.value_files} non-tensor values)",
+            f"{entries_text(self.entries, self.weight_grad_entries)}; {counted(self.files, 'raw file')} read "
+            f"({files_text(self.tensor_files, self.value_files)})",
             f"output in {self.dump_path}: {', '.join(shown)}",
         ]
 

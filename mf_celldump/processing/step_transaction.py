@@ -21,11 +21,20 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from mf_celldump import fsutil
+from mf_celldump.dtypes import dtype_names
 from mf_celldump.layout import naming
+from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
-from mf_celldump.processing.entries import Entry, ShapeOf, assign_calls, group_entries, link_parents
+from mf_celldump.processing.entries import (
+    Entry,
+    ShapeOf,
+    assign_calls,
+    group_entries,
+    implausible_calls,
+    link_parents,
+)
 from mf_celldump.processing.errors import NpyReadError
-from mf_celldump.processing.existing_output import foreign_in_output, is_output
+from mf_celldump.processing.existing_output import foreign_in_output, is_output, links_in_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
 from mf_celldump.processing.observer import ProcessingObserver
 from mf_celldump.processing.outcome import StepOutcome
@@ -170,6 +179,7 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
             outcome.problems.append(dtype_or_msg)
         elif capture.key.kind == KIND_TENSOR:
             capture.shape, capture.stats = shape, payload
+            _check_dtype(capture, dtype_or_msg, source.raw_dir, outcome)
             outcome.tensor_files += 1
         else:
             capture.value = payload
@@ -180,6 +190,20 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
     runner.run(tasks, ctx.manifest.statistics, Folders(source.raw_dir or "", data_dir, our_links), on_result)
     outcome.files = outcome.tensor_files + outcome.value_files
     return failed
+
+
+def _check_dtype(capture: Capture, data_dtype: str, raw_dir: Optional[str], outcome: StepOutcome) -> None:
+    """A raw file's name says its dtype (bfloat16 is stored as float32 data); when the data says otherwise,
+    or the name's dtype is none capture writes, dump.json gives the data's dtype, and a warning says so."""
+    named = capture.file_dtype or ""
+    if capture.dtype is not None or named == data_dtype or (named == "bfloat16" and data_dtype == "float32"):
+        return
+    what = "no dtype capture writes" if named not in dtype_names() else f"dtype {named}"
+    note = (f"{os.path.join(raw_dir or '', capture.file or '')}: its name says {what}, its data is {data_dtype}; "
+            f"dump.json gives {data_dtype}")
+    capture.file_dtype = data_dtype
+    if note not in outcome.warnings:  # a weight's file serves every call of its cell
+        outcome.warnings.append(note)
 
 
 def _with_twin_links(raw_dir: Optional[str], tasks: List[FileTask],
@@ -214,6 +238,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
                                          os.path.join(retired, naming.TENSOR_DIR))
     entries = _build_entries(ctx, inputs.captures, outcome.problems,
                              _shape_reader(ctx, source.raw_dir, our_links))
+    outcome.warnings.extend(implausible_calls(entries))
     partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
     fsutil.make_dir(step_out)
     fsutil.remove_tree(partial)
@@ -229,7 +254,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
         _write_output(ctx, partial, target, entries, failed)
-        _check_no_foreign_output(target)
+        _check_no_foreign_output(target, [source.raw_dir, data_dir, os.path.join(retired, naming.TENSOR_DIR)])
         fsutil.swap_into_place(partial, target, retired)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -240,11 +265,19 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         raise
     outcome.output_written = True
     outcome.entries = len(entries)
+    outcome.weight_grad_entries = sum(1 for entry in entries if entry.is_parameters_grad)
     observer.on_stage(ctx.rank, source.step, "output")
 
 
-def _check_no_foreign_output(target: str) -> None:
-    """An output about to be replaced must hold only what processing writes (else it would be deleted)."""
+def _check_no_foreign_output(target: str, own_folders: List[Optional[str]]) -> None:
+    """An output about to be replaced must hold only what processing writes (else it would be deleted),
+    as files of its own: a link in place of one is refused, as everywhere in the dump (``own_folders``
+    hold the other names processing gives the same files)."""
+    linked = links_in_output(target, own_folders)
+    if linked:
+        raise StepProblem(f"{target} holds links where mf_celldump writes its own files ({', '.join(linked[:5])}): "
+                          "a symbolic link, or a file with another name outside the dump; refused, the output is not "
+                          "replaced and the raw data is kept (replace the links by the files and run again)")
     foreign = foreign_in_output(target)
     if foreign:
         raise StepProblem(f"{target} holds files mf_celldump did not write ({', '.join(foreign[:5])}); they would "
@@ -265,7 +298,8 @@ def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List
 
 def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
     data_dir = os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
-    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed, ctx.manifest.parameters)
+    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed, ctx.manifest.parameters,
+                                     ctx.manifest.run_id)
 
 
 def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry], failed: Dict[int, int]) -> None:
@@ -333,12 +367,13 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
             _remove_sources(ctx, source, inputs, marker_path, outcome)
         return
     outcome.problems.extend(inputs.problems)
+    _check_same_run(ctx, target)
     _assemble(ctx, source, inputs, runner, observer, outcome)
     if outcome.problems:
         logger.warning("step %d rank %d: %d problem(s); raw data kept", source.step, ctx.rank,
                        len(outcome.problems))
         return
-    fsutil.make_dir(os.path.dirname(marker_path))
+    _make_marker_dir(os.path.dirname(marker_path))
     _check_replaceable(marker_path)
     raw_name = os.path.basename(source.raw_dir) if source.raw_dir else None
     markers.write_processed(marker_path, source.step, outcome.output, raw_name, inputs.digest, inputs.kbk_sizes)
@@ -346,6 +381,26 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
     if remove_raw:
         _remove_sources(ctx, source, inputs, marker_path, outcome)
         observer.on_stage(ctx.rank, source.step, "removed")
+
+
+def _check_same_run(ctx: RankContext, target: str) -> None:
+    """An output in place is replaced only by data of the run that wrote it (steps of two runs never mix)."""
+    if not ctx.manifest.run_id or not is_output(target):
+        return
+    other = output_run_id(os.path.join(target, naming.DUMP_JSON))
+    if other is not None and other != ctx.manifest.run_id:
+        raise StepProblem(f"{target} holds the output of run {other!r}, and this raw data is of run "
+                          f"{ctx.manifest.run_id!r} ({ctx.manifest.path}): not replaced, the raw data is kept; "
+                          "process it in a dump folder of its own (move its _raw/rank folder there)")
+
+
+def _make_marker_dir(folder: str) -> None:
+    try:
+        fsutil.make_dir(folder)
+    except fsutil.UnsafePathError:
+        raise StepProblem(f"{folder} is not a plain folder (a file, or a symlink); refused: what this step "
+                          "consumed cannot be recorded there, so its output is written and its raw data kept (move "
+                          "it away and run again)") from None
 
 
 def _check_replaceable(path: str) -> None:

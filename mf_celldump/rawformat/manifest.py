@@ -59,6 +59,9 @@ FIELDS = {
 }
 
 
+MAX_CELLS = 1_000_000  # a model with every cell captured has thousands; far more is not a capture
+
+
 class ManifestError(ValueError):
     """A rank's ``manifest.json`` is unreadable, of an unknown version, or lacks a field."""
 
@@ -151,9 +154,13 @@ def _cell(raw: Any, path: str) -> CellRecord:
     if not isinstance(weights, list) or not all(isinstance(w, str) and w for w in weights):
         raise ManifestError(f"{path}: cell {cell_id} has invalid 'weights' {_short(weights)}")
     line = raw.get("line")
+    name = _require(raw, "name", str, path)
+    if not name:
+        raise ManifestError(f"{path}: cell {cell_id} has an empty name; capture names every cell it records "
+                            "(the model root, the only cell without a name, is never captured)")
     return CellRecord(
         cell_id=cell_id,
-        name=_require(raw, "name", str, path),
+        name=name,
         class_name=_require(raw, "class", str, path),
         module=str(raw.get("module") or ""),
         file=str(raw.get("file") or ""),
@@ -165,7 +172,10 @@ def _cell(raw: Any, path: str) -> CellRecord:
 
 def _cells(data: dict, path: str) -> Dict[int, CellRecord]:
     cells: Dict[int, CellRecord] = {}
-    for raw in _require(data, "cells", list, path):
+    listed = _require(data, "cells", list, path)
+    if len(listed) > MAX_CELLS:
+        raise ManifestError(f"{path}: {len(listed)} cells, more than the {MAX_CELLS} a capture records")
+    for raw in listed:
         cell = _cell(raw, path)
         if cell.cell_id in cells:
             raise ManifestError(f"{path}: cell id {cell.cell_id} appears twice")
@@ -214,11 +224,19 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
     if not isinstance(stats, list) or any(s not in STATISTICS for s in stats):
         raise ManifestError(f"{path}: invalid 'statistics' {_short(stats)}; valid names: {', '.join(STATISTICS)}")
     numbering, base = _numbering(data, path)
+    recorded = data.get("config")
+    if isinstance(recorded, dict) and "task" in recorded and recorded["task"] != task:
+        raise ManifestError(f"{path}: task {task!r} disagrees with the configuration it records (task "
+                            f"{_short(recorded['task'])}); the manifest was changed after capture: restore it (its "
+                            "raw data is kept)")
+    distributed = data.get("distributed", False)
+    if not isinstance(distributed, bool):
+        raise ManifestError(f"{path}: key 'distributed' has invalid value {_short(distributed)}; valid: true or false")
     known = {"format", "run_id", "task", "statistics", "backend", "rank", "distributed", "step_numbering",
              "graph_step_base", "step_completion", "parameters", "cells"}
     return Manifest(
         rank=_require(data, "rank", int, path),
-        distributed=bool(data.get("distributed", False)),
+        distributed=distributed,
         task=task,
         cells=_cells(data, path),
         statistics=tuple(stats),
@@ -234,9 +252,21 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
 
 
 def load_manifest(path: str, root_real: str) -> Manifest:
-    """Read and validate one manifest (a plain file inside ``root_real``, never through a link)."""
+    """Read and validate one manifest (a plain file inside ``root_real``, never through a link).
+
+    A manifest too big for the memory available is a ``ManifestError`` of its rank like any
+    other bad manifest (the other ranks are processed).
+    """
     try:
-        data = read_json_inside(path, root_real)
+        return manifest_from_json(_read(path, root_real), path)
+    except MemoryError:
+        raise ManifestError(f"{path}: too large to read in the memory available; not a manifest capture "
+                            "writes") from None
+
+
+def _read(path: str, root_real: str) -> Any:
+    try:
+        return read_json_inside(path, root_real)
     except FileNotFoundError:
         raise ManifestError(f"{path}: missing; this rank folder was not written by mf_celldump's capture") from None
     except UnsafePathError as err:
@@ -244,4 +274,3 @@ def load_manifest(path: str, root_real: str) -> Manifest:
     except (OSError, ValueError, RecursionError) as err:
         raise ManifestError(f"{path}: unreadable ({_short(str(err))}); "
                             "restore it from the training run's dump folder") from None
-    return manifest_from_json(data, path)

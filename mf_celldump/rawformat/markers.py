@@ -11,9 +11,11 @@ input an output in place was made from, so a re-run after a kill knows what it m
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
 
-from mf_celldump.fsutil import atomic_write_json, read_json_inside
+from mf_celldump.config import short_repr
+from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
 from mf_celldump.rawformat import names
 from mf_celldump.rawformat.manifest import Manifest
 
@@ -22,7 +24,9 @@ STEP_DONE_FIELDS = {
     "step": "int: the global step",
     "complete": "true",
     "run_id": "the manifest's run_id",
+    "task": "the manifest's task (a manifest changed after capture is told apart by it)",
 }
+STEP_DONE_MAX_BYTES = 1 << 16  # a few fields
 PROCESSED_FIELDS = {
     "format": PROCESSED_FORMAT,
     "step": "int: the global step",
@@ -54,14 +58,70 @@ def tensordump_done_step(folder: str) -> Optional[int]:
     return None
 
 
-def raw_folder_state(manifest: Manifest, folder_step: int, folder: str) -> Tuple[int, bool]:
-    """(global step, complete) of the raw folder ``step{folder_step}`` at ``folder``."""
+@dataclass(frozen=True)
+class FolderState:
+    """A raw step folder as its marker describes it: global step, complete, and why it cannot be
+    processed (``refused``: the marker is not ours, or disagrees with the folder or the manifest)."""
+
+    step: int
+    complete: bool
+    refused: Optional[str] = None
+    fields: Dict[str, Any] = field(default_factory=dict)
+
+
+def read_step_done(folder: str, root_real: str) -> FolderState:
+    """``_step_done.json`` of ``folder`` (step -1: not checked yet); absent: not complete.
+
+    Read like every file of ours (never through a link, one name, bounded size); a marker
+    that cannot be read so is refused, and the folder is not taken for complete.
+    """
+    path = os.path.join(folder, names.STEP_DONE_FILE)
+    if not os.path.lexists(path):
+        return FolderState(-1, False)
+    try:
+        data = read_json_inside(path, root_real, STEP_DONE_MAX_BYTES)
+    except UnsafePathError as err:
+        return FolderState(-1, False, f"{err}; the step is not processed, its raw data is kept")
+    except (OSError, ValueError, RecursionError) as err:
+        return FolderState(-1, False, f"{path}: unreadable ({short_repr(str(err))}); the step is not processed, "
+                                      "its raw data is kept")
+    if not isinstance(data, dict):
+        return FolderState(-1, False, f"{path}: not a JSON object; the step is not processed, its raw data is kept")
+    return FolderState(-1, True, None, data)
+
+
+def step_done_disagreement(path: str, fields: Dict[str, Any], manifest: Manifest, step: int) -> Optional[str]:
+    """Why a step-done marker's fields do not fit its folder (``step``) and the rank's manifest; None if they do."""
+    named = fields.get("step", step)
+    if named != step or isinstance(named, bool):
+        return (f"{path} marks step {short_repr(named)} complete, but its folder holds step {step} (folder renamed "
+                "or copied?)")
+    run_id = fields.get("run_id")
+    if isinstance(run_id, str) and run_id and manifest.run_id and run_id != manifest.run_id:
+        return (f"{path} was written by run {short_repr(run_id)}, but {manifest.path or names.MANIFEST_FILE} is "
+                f"of run {short_repr(manifest.run_id)} (raw data of two runs in one rank folder)")
+    task = fields.get("task")
+    if task is not None and task != manifest.task:
+        return (f"{path} says task {short_repr(task)}, but {manifest.path or names.MANIFEST_FILE} says task "
+                f"{manifest.task!r} (manifest changed after capture?)")
+    return None
+
+
+def raw_folder_state(manifest: Manifest, folder_step: int, folder: str, root_real: str) -> FolderState:
+    """The state of the raw folder ``step{folder_step}`` at ``folder``."""
     if manifest.written_later:
         step = tensordump_done_step(folder)
         if step is not None:
-            return step, True
-        return manifest.global_step(folder_step), False
-    return manifest.global_step(folder_step), os.path.isfile(os.path.join(folder, names.STEP_DONE_FILE))
+            return FolderState(step, True)
+        return FolderState(manifest.global_step(folder_step), False)
+    step = manifest.global_step(folder_step)
+    done = read_step_done(folder, root_real)
+    refused = done.refused
+    if refused is None and done.complete:
+        refused = step_done_disagreement(os.path.join(folder, names.STEP_DONE_FILE), done.fields, manifest, step)
+        if refused is not None:
+            refused += "; the step is not processed, its raw data is kept"
+    return FolderState(step, done.complete, refused, done.fields)
 
 
 def written_steps(rank_dir: str) -> Dict[int, str]:

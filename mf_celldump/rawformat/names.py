@@ -26,17 +26,34 @@ PROCESSED_DIR = "_processed"  # rank{R}/_processed/step{N}.json: what processing
 PROCESSING_LOCK = ".processing.lock"
 
 _DIR_LETTER = {FORWARD: "f", BACKWARD: "b"}
+
+# Every number in a name we write is written by ``str(int)``: no sign, no leading zero. A
+# name is ours only when it reads back to itself (``step01`` and ``rank00`` are not ours:
+# taking them for step 1 and rank 0 would mix their data with the real step 1 and rank 0).
+# Each number also has a bounded count of digits, so no name can make a reader build huge
+# integers.
+
+
+def _number(digits: int) -> str:
+    return rf"(?:0|[1-9]\d{{0,{digits - 1}}})"
+
+
+STEP_DIGITS = 12
+MAX_STEP = 10**STEP_DIGITS - 1  # the largest global step a raw step folder can name
+RANK_DIGITS = 9
+MAX_RANK = 10**RANK_DIGITS - 1
 _LETTER_DIR = {v: k for k, v in _DIR_LETTER.items()}
 
 # c{cell}.{f|b}.{slot}.{kind}.n{call|x}.p{i.j.k}  + TensorDump's [_in]_{dtype}_{id}.npy
+_N9, _N6 = _number(9), _number(6)
 _RAW_TENSOR_RE = re.compile(
-    r"^c(?P<cell>\d{1,9})\.(?P<dir>[fb])\.(?P<slot>[akowg])\.(?P<kind>[tifbn])\.n(?P<call>\d{1,9}|x)"
-    r"\.p(?P<path>\d{1,6}(?:\.\d{1,6}){0,31})(?:_(?P<mode>in))?_(?P<dtype>[A-Za-z0-9]{1,32})"
-    r"_(?P<seq>\d{1,18})\.npy$"
+    rf"^c(?P<cell>{_N9})\.(?P<dir>[fb])\.(?P<slot>[akowg])\.(?P<kind>[tifbn])\.n(?P<call>{_N9}|x)"
+    rf"\.p(?P<path>{_N6}(?:\.{_N6}){{0,31}})(?:_(?P<mode>in))?_(?P<dtype>[A-Za-z0-9]{{1,32}})"
+    rf"_(?P<seq>{_number(18)})\.npy$"
 )
 _KBK_STEM_RE = re.compile(
-    r"c(?P<cell>\d{1,9})-(?P<dir>[fb])-(?P<slot>[akowg])-(?P<kind>[tifbn])-n(?P<call>\d{1,9}|x)"
-    r"-p(?P<path>\d{1,6}(?:-\d{1,6}){0,31})"
+    rf"c(?P<cell>{_N9})-(?P<dir>[fb])-(?P<slot>[akowg])-(?P<kind>[tifbn])-n(?P<call>{_N9}|x)"
+    rf"-p(?P<path>{_N6}(?:-{_N6}){{0,31}})(?![0-9])"
 )
 # The file part of a kernel-by-kernel Op Name ends with our stem: TensorDump's file input as
 # the graph holds it, after MindSpore's parallel pass may have appended "_in.npy"
@@ -46,9 +63,11 @@ _KBK_FILE_END_RE = re.compile(_KBK_STEM_RE.pattern + r"(?:_in[._]npy)?$")
 # MindSpore names a graph-mode TensorDump file {file}_{dtype}_{id}.npy; our step-done
 # marker's {file} is _td_done_g{global step}.
 TD_DONE_PREFIX = "_td_done_g"
-_TD_DONE_RE = re.compile(r"^_td_done_g(?P<step>\d{1,12})_[A-Za-z0-9]{1,32}_\d{1,18}\.npy$")
-_STEP_RE = re.compile(r"^step(\d{1,12})$")
-_RANK_RE = re.compile(r"^rank(\d{1,9})$")
+_TD_DONE_RE = re.compile(rf"^_td_done_g(?P<step>{_number(STEP_DIGITS)})_[A-Za-z0-9]{{1,32}}_{_number(18)}\.npy$")
+_STEP_RE = re.compile(rf"^step({_number(STEP_DIGITS)})$")
+_RANK_RE = re.compile(rf"^rank({_number(RANK_DIGITS)})$")
+# What a step or rank folder name looks like with any number: told apart from ours to warn about it.
+_LOOKS_NUMBERED = re.compile(r"^(?:step|rank)\d+$")
 
 
 def raw_stem(key: ProbeKey, sep: str = ".") -> str:
@@ -150,9 +169,17 @@ def parse_step_dir_name(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def looks_numbered(name: str) -> bool:
+    """``step{digits}`` or ``rank{digits}``: a name like ours, which is ours only if it parses."""
+    return _LOOKS_NUMBERED.match(name) is not None
+
+
+_ITERATION_RE = re.compile(rf"^{_number(STEP_DIGITS)}$")
+
+
 def kbk_iteration_from_dir_name(name: str) -> Optional[int]:
-    """MindSpore names the kernel-by-kernel dump's iteration folders by the bare number."""
-    return int(name) if name.isdigit() and len(name) <= 12 else None
+    """MindSpore names the kernel-by-kernel dump's iteration folders by the bare number (``str(int)``)."""
+    return int(name) if _ITERATION_RE.match(name) else None
 
 
 def processed_marker_name(step: int) -> str:

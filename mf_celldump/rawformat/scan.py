@@ -37,6 +37,7 @@ class StepSource:
     raw_dir: Optional[str] = None
     kbk_csvs: List[str] = field(default_factory=list)
     complete: bool = False
+    refused: Optional[str] = None  # why the step must not be processed (its raw data is kept)
 
 
 @dataclass
@@ -61,11 +62,18 @@ class StepFiles:
         return source_digest(self.names, extra)
 
 
-def find_rank_dirs(root_real: str, raw_root: str, problems: Optional[List[str]] = None) -> List[Tuple[int, str]]:
+def not_ours_warning(path: str) -> str:
+    """What is said of a folder named like ours (``step01``, ``rank00``, ``rank{13 digits}``) that is not."""
+    return (f"{path}: not a name mf_celldump writes (numbers are written without leading zeros, steps below "
+            f"{names.MAX_STEP + 1}, ranks below {names.MAX_RANK + 1}); not processed, left in place")
+
+
+def find_rank_dirs(root_real: str, raw_root: str, problems: Optional[List[str]] = None,
+                   warnings: Optional[List[str]] = None) -> List[Tuple[int, str]]:
     """``(rank, folder)`` for every ``rank{R}`` folder holding a manifest, by rank.
 
     A symlink in place of ``_raw`` or of a rank folder is not followed; it is named in
-    ``problems``.
+    ``problems``. A folder named like a rank folder that is not one of ours is named in ``warnings``.
     """
     found: List[Tuple[int, str]] = []
     problems = problems if problems is not None else []
@@ -77,6 +85,8 @@ def find_rank_dirs(root_real: str, raw_root: str, problems: Optional[List[str]] 
     for entry in os.scandir(raw_root):
         rank = names.parse_rank_dir_name(entry.name)
         if rank is None:
+            if names.looks_numbered(entry.name) and warnings is not None:
+                warnings.append(not_ours_warning(entry.path))
             continue
         if not entry.is_dir(follow_symlinks=False):
             problems.append(f"{entry.path} is not a plain folder (a symlink?); refused")
@@ -92,6 +102,8 @@ def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: 
     for entry in os.scandir(rank_dir):
         folder_step = names.parse_step_dir_name(entry.name)
         if folder_step is None:
+            if names.looks_numbered(entry.name):
+                warnings.append(not_ours_warning(entry.path))
             continue
         if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
             problems.append(f"{entry.path}: not a plain folder (symlink?); refused, left in place")
@@ -103,14 +115,19 @@ def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: 
                             f"({shown}); left in place")
             continue
         raw_dir = child(root_real, rank_dir, entry.name)
-        step, complete = markers.raw_folder_state(manifest, folder_step, raw_dir)
+        state = markers.raw_folder_state(manifest, folder_step, raw_dir, root_real)
+        step, complete = state.step, state.complete
+        if step < 0:
+            problems.append(f"{raw_dir}: with graph_step_base {manifest.graph_step_base} of {manifest.path} it would "
+                            f"hold global step {step}; not processed, left in place")
+            continue
         source = steps.setdefault(step, StepSource(step))
         if source.raw_dir is not None:  # two folders claim the step (graph-mode TensorDump numbering)
             kept, skipped = (source.raw_dir, raw_dir) if source.complete or not complete else (raw_dir, source.raw_dir)
             problems.append(f"{skipped}: another raw folder ({kept}) holds step {step}; skipped")
             if kept is source.raw_dir:
                 continue
-        source.raw_dir, source.complete = raw_dir, complete
+        source.raw_dir, source.complete, source.refused = raw_dir, complete, state.refused
 
 
 def is_ours(name: str) -> bool:
@@ -136,7 +153,11 @@ def _only_foreign(step_dir: str) -> List[str]:
 def _kbk_iterations(root_real: str, rank_dir: str, manifest: Manifest, steps: Dict[int, StepSource],
                     problems: List[str]) -> None:
     kbk_root = os.path.join(rank_dir, names.KBK_DIR)
-    if not os.path.isdir(kbk_root) or os.path.islink(kbk_root):
+    if os.path.islink(kbk_root):
+        problems.append(f"{kbk_root}: a symbolic link where MindSpore writes its statistics for mf_celldump; "
+                        "refused, not followed, left in place")
+        return
+    if not os.path.isdir(kbk_root):
         return
     for folder, dirs, files in os.walk(kbk_root, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not names.is_removing_dir_name(d))
@@ -224,8 +245,8 @@ def _extra_links(entry: os.DirEntry) -> bool:
 
 def _foreign_warning(path: str, name: str) -> str:
     if _LOOSE_RAW_NAME.match(name):
-        return (f"{path}: looks like a raw capture file, but a number in its name is out of the raw format's "
-                "range; not read, left in place")
+        return (f"{path}: looks like a raw capture file, but a number in its name is not one capture writes "
+                "(a leading zero, or out of the raw format's range); not read, left in place")
     return f"{path}: not a file mf_celldump writes; left in place"
 
 

@@ -153,7 +153,9 @@ class RawWriter:
             handle.close()
         path = self.step_dir(step)
         if os.path.isdir(path):
-            write_step_done(safe_join(path, names.STEP_DONE_FILE), step, self.run_id, extra)
+            fields = {"task": self.manifest.task} if self.manifest is not None else {}
+            fields.update(extra or {})
+            write_step_done(safe_join(path, names.STEP_DONE_FILE), step, self.run_id, fields)
 
     def close(self) -> None:
         self._thread.stop()

@@ -10,6 +10,7 @@ change.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import stat
@@ -39,6 +40,46 @@ def build_dump(dump: str, steps: int = 2, layers: int = 1, task: str = "tensor")
         writer.record(net.root, F, A, (1,), kind=fmt.KIND_INT, value=step)
         writer.done(step)
     return builder
+
+
+def capture_two_steps(dump: str) -> str:
+    """Two steps of tests/support/capture_net.py captured with ``attach`` (real MindSpore, PyNative, CPU,
+    tensor task) into ``dump``, kept raw."""
+    import mf_celldump
+    from tests.support import capture_net as cn
+
+    cn.set_mode("pynative")
+    train = cn.train_one_step_cell(cn.make_net())
+    handle = mf_celldump.attach(train, {"dump_path": dump, "task": "tensor", "steps": "0-1"})
+    for step in range(2):
+        with handle.step(step):
+            train(cn.make_input())
+    handle.detach()
+    return dump
+
+
+def edit_manifest(rank_dir: str, **changes) -> dict:
+    """Rewrite a rank's manifest.json with ``changes``; returns the new content."""
+    path = os.path.join(rank_dir, fmt.MANIFEST_FILE)
+    with open(path, encoding="utf-8") as handle:
+        manifest = json.load(handle)
+    manifest.update(changes)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    return manifest
+
+
+def lie_about_shape(path: str, shape_text: str) -> None:
+    """Rewrite the shape in a ``.npy`` header (the data stays as it is), e.g. to ``(1000000000000,)``."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    start = data.index(b"'shape': (")
+    end = data.index(b")", start) + 1
+    header_len = int.from_bytes(data[8:10], "little")
+    new = data[:start] + f"'shape': {shape_text}".encode() + data[end:]
+    new = new[:8] + (header_len + len(new) - len(data)).to_bytes(2, "little") + new[10:]
+    with open(path, "wb") as handle:
+        handle.write(new)
 
 
 def make_outside(folder: str) -> Dict[str, str]:

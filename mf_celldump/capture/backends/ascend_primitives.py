@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, MutableMapping, Sequence
 
-from mf_celldump.capture.backends.base import BackendSetupError
+from mf_celldump.capture.backends.base import BackendSetupError, synchronize_device
 
 # TDC GetTaskType: a TensorDump whose file name is exactly this moves the step counter
 # that replaces ``{step}`` in later file names (TensorDumpManager::UpdateStep); it writes nothing.
@@ -71,7 +71,10 @@ class AscendPrimitives:
             run_op(ops.TensorDump(), "TensorDump", (file, tensor))
 
         def synchronize() -> None:
-            ms.runtime.synchronize()
+            if ms.get_context("device_target") == "CPU":  # no "[ERROR] CPU device is not supported" printed
+                synchronize_device("CPU")
+            else:
+                ms.runtime.synchronize()
 
         return cls(
             dump_out=ops.TensorDump(),

@@ -218,25 +218,8 @@ class CaptureBackend:
         """Called when a captured step ends, after the device has been synchronised."""
 
     def synchronize(self) -> None:
-        """Wait for queued work (and so for capture ops) to finish.
-
-        ``mindspore.runtime.synchronize()`` serves devices; on CPU it only logs "CPU device
-        is not supported", so there the PyNative executor's queue is drained instead.
-        """
-        try:
-            if self.context.device == "CPU":
-                try:
-                    from mindspore.graph.api import _pynative_executor  # private, guarded (2.9+)
-                except ImportError:  # before MindSpore 2.9
-                    from mindspore.common.api import _pynative_executor
-
-                _pynative_executor.sync()
-            else:
-                import mindspore as ms
-
-                ms.runtime.synchronize()
-        except (AttributeError, ImportError, RuntimeError) as err:
-            logger.debug("synchronize skipped: %s", err)
+        """Wait for queued work (and so for capture ops) to finish (``synchronize_device``)."""
+        synchronize_device(self.context.device)
 
     def manifest_fields(self) -> Dict[str, Any]:
         """Manifest fields this backend decides (step numbering, completion rule, statistics)."""
@@ -247,3 +230,27 @@ class CaptureBackend:
 
     def graph(self) -> GraphFace:
         raise BackendModeError(f"the {self.name} backend does not capture in graph mode")
+
+
+def synchronize_device(device: str) -> None:
+    """Wait for the device's queued work (and so for capture ops) to finish.
+
+    ``mindspore.runtime.synchronize()`` serves devices; on CPU it only prints "[ERROR] ...
+    CPU device is not supported" (mindspore/runtime/device.py), so there the PyNative
+    executor's queue is drained instead. Every synchronisation of the backends goes
+    through here, so plain use on CPU prints no MindSpore error line.
+    """
+    try:
+        if device == "CPU":
+            try:
+                from mindspore.graph.api import _pynative_executor  # private, guarded (2.9+)
+            except ImportError:  # before MindSpore 2.9
+                from mindspore.common.api import _pynative_executor
+
+            _pynative_executor.sync()
+        else:
+            import mindspore as ms
+
+            ms.runtime.synchronize()
+    except (AttributeError, ImportError, RuntimeError) as err:
+        logger.debug("synchronize skipped: %s", err)
