@@ -215,8 +215,10 @@ def test_a_second_capture_in_the_same_process_starts_clean(tmp_path):
     emulator = AscendEmulator()
     try:
         _run(tmp_path / "first", {"task": "tensor", "backend": "tensordump", "steps": SELECTED}, emulator)
-        # The step filter is process-wide: the second capture must reset it, and its steps land in
-        # graph folders 5 and 6 (the counter went on), which the step-done markers map back.
+        # The first detach reopened the filter from graph step 6 on (one more update marker); the second
+        # capture must reset it, and its steps land in graph folders 6 and 7 (the counter went on), which
+        # the step-done markers map back.
+        assert emulator.valid_steps == {1, 3, 6}
         _, summary = _run(tmp_path / "second", {"task": "tensor", "backend": "tensordump", "steps": "all"},
                           emulator, steps=2)
         emulator.drain()
@@ -224,8 +226,9 @@ def test_a_second_capture_in_the_same_process_starts_clean(tmp_path):
         emulator.close()
     assert summary.problems == [] and _step_folders(str(tmp_path / "second")) == ["step0", "step1"]
     second = [p for p in emulator.written_files if "/second/" in p]
-    assert {os.path.basename(os.path.dirname(p)) for p in second} == {"step5", "step6"}
-    assert emulator.valid_steps == {5, 6}  # after detach: only steps whose files may still be queued
+    assert {os.path.basename(os.path.dirname(p)) for p in second} == {"step6", "step7"}
+    # After detach: the steps whose files may still be queued, and everything from graph step 9 on.
+    assert emulator.valid_steps == {6, 7, 9} and emulator.step[0] == 9
 
 
 @pytest.mark.parametrize("data_mode", ["forward", "backward"])
@@ -297,8 +300,8 @@ def test_statistics_give_forward_and_backward_values(tmp_path, reference, op_nam
                 assert leaf[stat] == pytest.approx(want[key][stat], rel=1e-5, abs=1e-6), (key, stat)
 
 
-def test_statistics_row_nobody_can_attribute_is_reported(tmp_path):
-    """A TensorDump of the user's own model (no td_flag) is dumped too; its row is named, not dropped."""
+def test_statistics_row_of_another_tensordump_is_named_as_theirs(tmp_path):
+    """A TensorDump of the user's own model (no td_flag) is dumped too; its row is named as not ours, not dropped."""
     emulator = AscendEmulator()
     user_dump = emulator.tensordump()  # ops.TensorDump() in the user's model, on this platform
     user_path = os.path.join(str(tmp_path), "mine")
@@ -313,13 +316,16 @@ def test_statistics_row_nobody_can_attribute_is_reported(tmp_path):
             return self.inner(x)
 
     try:
-        _, summary = _run(tmp_path / "d", {"task": "statistics", "backend": "kbk_statistics", "steps": "0"},
-                          emulator, steps=1, net_factory=WithUserDump)
+        _, summary = _run(tmp_path / "d", {"task": "statistics", "backend": "kbk_statistics", "steps": "0",
+                                           "process_on_train_end": False}, emulator, steps=1,
+                          net_factory=WithUserDump)
     finally:
         emulator.close()
-    assert len(summary.problems) == 1, summary.problems
-    assert "statistic.csv:" in summary.problems[0] and "Default/TensorDump-op" in summary.problems[0]
-    assert "names no value captured by mf_celldump" in summary.problems[0]
+    report = process_dump(str(tmp_path / "d"), jobs=1)
+    assert report.ok and [o.step for o in report.processed] == [0], report.summary()
+    warnings = [w for o in report.outcomes for w in o.warnings]
+    assert len(warnings) == 1 and "statistic.csv:" in warnings[0] and "Default/TensorDump-op" in warnings[0]
+    assert "not mf_celldump's" in warnings[0]
 
 
 def test_statistics_settings_mindspore_would_refuse_fail_at_attach(tmp_path):
@@ -358,7 +364,7 @@ def test_iteration_setting_and_step_map():
     assert (steps.base, steps.mindspore_filter()) == (100, [1, 3])
     steps.note_captured(101)
     assert steps.realign(105, 2)  # a jump: step 105 begins at graph step 2
-    assert steps.mindspore_filter() == [1] and steps.final_filter() == [1]
+    assert steps.mindspore_filter() == [1] and steps.captured_counters == [1]
     assert GraphStepMap.start(IndexSelection.parse("5", "steps"), 6, 0).mindspore_filter() == [UNREACHABLE_STEP]
 
 
@@ -375,7 +381,7 @@ def test_statistics_under_jit_level_o2_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(ms.context, "get_jit_config", lambda: {"jit_level": "O2"})
     emulator = AscendEmulator()
     try:
-        with pytest.raises(AttachError, match="jit_level O2"):
+        with pytest.raises(AttachError, match=r"GE backend does not have.*jit_config=\{'jit_level': 'O2'\}"):
             mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path), "task": "statistics",
                                                "backend": "kbk_statistics"}, primitives=emulator.primitives())
     finally:

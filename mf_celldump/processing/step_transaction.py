@@ -73,6 +73,7 @@ def _read_inputs(ctx: RankContext, source: StepSource) -> _Inputs:
         kbk = read_statistic_csvs(source.kbk_csvs, ctx.manifest.statistics, first_order=len(inputs.captures))
         inputs.captures.extend(kbk.captures)
         inputs.problems.extend(kbk.problems)
+        inputs.warnings.extend(kbk.warnings)
     return inputs
 
 

@@ -37,6 +37,7 @@ class StepSource:
     raw_dir: Optional[str] = None
     kbk_csvs: List[str] = field(default_factory=list)
     complete: bool = False
+    discard: bool = False  # written for a step that was not selected: its files are deleted, not processed
 
 
 @dataclass
@@ -103,14 +104,14 @@ def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: 
                             f"({shown}); left in place")
             continue
         raw_dir = child(root_real, rank_dir, entry.name)
-        step, complete = markers.raw_folder_state(manifest, folder_step, raw_dir)
+        step, complete, discard = markers.raw_folder_state(manifest, folder_step, raw_dir)
         source = steps.setdefault(step, StepSource(step))
         if source.raw_dir is not None:  # two folders claim the step (graph-mode TensorDump numbering)
             kept, skipped = (source.raw_dir, raw_dir) if source.complete or not complete else (raw_dir, source.raw_dir)
             problems.append(f"{skipped}: another raw folder ({kept}) holds step {step}; skipped")
             if kept is source.raw_dir:
                 continue
-        source.raw_dir, source.complete = raw_dir, complete
+        source.raw_dir, source.complete, source.discard = raw_dir, complete, discard
 
 
 def is_ours(name: str) -> bool:
