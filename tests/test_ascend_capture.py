@@ -17,74 +17,27 @@ import numpy as np
 import pytest
 
 import mf_celldump
-from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP, AscendPrimitives
+from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP
 from mf_celldump.capture.backends.kbk_settings import iteration_setting
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.capture.session import AttachError
-from mf_celldump.config import DumpConfig, IndexSelection
-from mf_celldump.integrations.run import TrainingRun
+from mf_celldump.config import IndexSelection
 from mf_celldump.processing.async_steps import wait_for_steps
 from mf_celldump.processing.driver import process_dump
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
 from tests.support.ascend_emulation import AscendEmulator
+from tests.support.ascend_runs import output_of as _output
+from tests.support.ascend_runs import raw_step_folders as _raw_step_folders
+from tests.support.ascend_runs import run_training
+from tests.support.ascend_runs import step_folders as _step_folders
 
 STEPS = 5
 SELECTED = "1,3"
 
 
-def _output(dump_path, step):
-    """{(entry, io, index): leaf} and {file name: array} of a processed step."""
-    folder = os.path.join(dump_path, f"step{step}", "rank")
-    with open(os.path.join(folder, fmt.DUMP_JSON), encoding="utf-8") as handle:
-        data = json.load(handle)["data"]
-    leaves = {}
-    for entry, body in data.items():
-        if ".parameters_grad." in entry:  # {weight: [T]}
-            leaves.update(((entry, "parameters_grad", name), items[0]) for name, items in body.items())
-            continue
-        for name, leaf in body.get("parameters", {}).items():
-            leaves[(entry, "parameters", name)] = leaf
-        for io, values in (("input", body["input_args"]), ("output", body["output"])):
-            for index, leaf in enumerate(values):
-                if leaf is not None and leaf.get("type") == "mindspore.Tensor":
-                    leaves[(entry, io, index)] = leaf
-        for name, leaf in body["input_kwargs"].items():
-            if leaf is not None and leaf.get("type") == "mindspore.Tensor":
-                leaves[(entry, "kwarg", name)] = leaf
-    tensor_dir = os.path.join(folder, fmt.TENSOR_DIR)
-    arrays = {}
-    if os.path.isdir(tensor_dir):
-        arrays = {n: np.load(os.path.join(tensor_dir, n), allow_pickle=False) for n in os.listdir(tensor_dir)}
-    return leaves, arrays
-
-
-def _step_folders(dump_path):
-    return sorted(n for n in os.listdir(dump_path) if fmt.parse_step_dir_name(n) is not None)
-
-
-def _raw_step_folders(dump_path):
-    rank_dir = os.path.join(dump_path, fmt.RAW_ROOT, "rank0")
-    return sorted(n for n in os.listdir(rank_dir) if n.startswith("step")) if os.path.isdir(rank_dir) else []
-
-
-def _run(dump_path, config, emulator=None, steps=STEPS, initial_step=0, wait_timeout=None, net_factory=None):
-    """Train the capture net through a TrainingRun (what every trainer adapter drives)."""
-    cn.set_mode("graph" if emulator is not None else "pynative")
-    net = (net_factory or cn.make_net)()
-    train = cn.train_one_step_cell(net)
-    x = cn.make_input()
-    run = TrainingRun(DumpConfig.coerce(dict(config, dump_path=str(dump_path))), wait_timeout=wait_timeout)
-    with pytest.MonkeyPatch.context() as patch:
-        if emulator is not None:
-            patch.setattr(AscendPrimitives, "from_mindspore", classmethod(lambda cls: emulator.primitives()))
-        run.ensure_attached(train, initial_step=initial_step)
-        for step in range(initial_step, initial_step + steps):
-            run.begin_step(step)
-            train(x)
-            run.end_step()
-        summary = run.finish()
-    return run, summary
+def _run(dump_path, config, emulator=None, steps=STEPS, **kwargs):
+    return run_training(dump_path, config, emulator, steps=steps, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ else depends on it.
 As a script it runs examples/run_tiny_llama.py with the emulated primitives:
 
     python tests/support/ascend_emulation.py [--parallel] [--latency S] [--slow-every N] \\
-        [--report FILE] -- <run_tiny_llama.py arguments>
+        [--report FILE] [--user-tensordump] -- <run_tiny_llama.py arguments>
 """
 
 from __future__ import annotations
@@ -789,6 +789,14 @@ def _install(emulator: AscendEmulator) -> None:
     AscendPrimitives.from_mindspore = classmethod(lambda cls: emulator.primitives())
 
 
+def _install_user_tensordump(emulator: AscendEmulator) -> None:
+    """``P.TensorDump()`` of other code in the process (MindFormers' ``MFTrainOneStepCell`` dumps its training
+    monitor's ``finish_step`` and ``device_local_norm`` with it) builds the emulator's TensorDump stand-in."""
+    from mindspore.ops import operations
+
+    operations.TensorDump = lambda input_output="out": emulator.tensordump(input_output)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parallel", action="store_true", help="emulate a (semi-)auto parallel graph's naming")
@@ -796,11 +804,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--slow-every", type=int, default=7)
     parser.add_argument("--slow-seconds", type=float, default=0.02)
     parser.add_argument("--report", help="write the emulator's written files and counters here (JSON)")
+    parser.add_argument("--user-tensordump", action="store_true",
+                        help="other code's P.TensorDump() (MindFormers' training monitor) uses the emulation too")
     parser.add_argument("runner_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     emulator = AscendEmulator(parallel=args.parallel, latency=args.latency, slow_every=args.slow_every,
                               slow_seconds=args.slow_seconds)
     _install(emulator)
+    if args.user_tensordump:
+        _install_user_tensordump(emulator)
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
     sys.path.insert(0, examples)
     import run_tiny_llama
