@@ -314,3 +314,18 @@ def test_a_dump_above_the_channel_limit_fails_unsliced_and_completes_with_the_ad
 def test_slice_settings_outside_mindspore_range_are_ignored_as_mindspore_does(tmp_path):
     with pytest.raises(RuntimeError, match="MS_DUMP_SLICE_SIZE=0 MB"):
         _dump_big(tmp_path, {"MS_DUMP_SLICE_SIZE": "4096"})  # GetEnvIntValue: out of [0, 2048] -> 0
+
+
+def test_statistics_whose_forward_kernels_lost_td_flag_are_a_problem_not_someone_elses_rows(tmp_path, monkeypatch):
+    """Rows without td_flag are normally another user's; if no forward row is ours beside them, ours lost it."""
+    from mf_celldump.capture.backends.tensordump import TensorDumpBackend
+
+    monkeypatch.setattr(TensorDumpBackend, "_mark_forward_primitives", lambda self: None)
+    emulator = AscendEmulator()
+    try:
+        _, summary = run_training(tmp_path / "d", dict(STATISTICS, steps="0"), emulator, steps=1)
+    finally:
+        emulator.close()
+    assert len(summary.problems) == 1, summary.problems
+    assert "no statistics row names a forward value captured by mf_celldump" in summary.problems[0]
+    assert "lose it" in summary.problems[0]

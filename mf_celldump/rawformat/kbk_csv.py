@@ -29,7 +29,8 @@ from mf_celldump.config import short_repr
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.fsutil import open_own_file
 from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import KIND_TENSOR, scalar_of_kind
+from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_TENSOR, scalar_of_kind
+from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import RAW_ROOT, find_kbk_stem
 from mf_celldump.statistics import StatValues, statistics_record
 
@@ -130,38 +131,50 @@ def _rows_of(reader: csv.DictReader, path: str, file_index: int, out: KbkRead) -
     return rows
 
 
+def captured_directions(manifest: Manifest) -> Tuple[str, ...]:
+    """The directions a capture recorded (the manifest's informative data_mode; both when absent)."""
+    mode = manifest.details.get("data_mode", "all")
+    return tuple(d for d, modes in ((FORWARD, ("forward", "all")), (BACKWARD, ("backward", "all"))) if mode in modes)
+
+
 def _names_our_file(op_name: str) -> bool:
     """A ``td_flag`` kernel whose file input lies in a raw rank folder of ours (``_raw/rank{R}/``)."""
     file_part, sep, _ = op_name.partition("|")
     return bool(sep) and _OUR_RAW_FOLDER_RE.search(file_part) is not None
 
 
-def _report_foreign(out: KbkRead, ours: List[tuple]) -> None:
+def _report_foreign(out: KbkRead, ours: List[tuple], directions: Tuple[str, ...]) -> None:
     """Rows of other TensorDump users (MindFormers' monitor, a TensorDump in the model) are theirs, not
-    problems; only when no row at all is ours is that a problem (mf_celldump's kernels lost ``td_flag``)."""
+    problems. But when a captured direction has no row of ours beside them, mf_celldump's kernels of that
+    direction lost ``td_flag`` (MindSpore then names none by file): a problem."""
     if not out.foreign:
         return
     shown = "; ".join(out.foreign[:3]) + ("; ..." if len(out.foreign) > 3 else "")
-    if ours:
-        out.warnings.append(f"{len(out.foreign)} statistics rows of TensorDump kernels that are not mf_celldump's "
-                            f"(another TensorDump user of the process, such as MindFormers' training monitor or a "
-                            f"TensorDump in the model) were left out: {shown}")
+    found = {find_kbk_stem(row["Op Name"]).direction for _, _, row, _ in ours}
+    missing = [d for d in directions if d not in found]
+    if missing:
+        out.problems.append(f"no statistics row names a {' or '.join(missing)} value captured by mf_celldump, but "
+                            f"{len(out.foreign)} TensorDump rows name no file of ours (mf_celldump's kernels carry "
+                            f"td_flag, so MindSpore names them by file; did they lose it?): {shown}")
         return
-    out.problems.append(f"none of the {len(out.foreign)} TensorDump rows names a value captured by mf_celldump "
-                        f"(its kernels carry td_flag, so MindSpore names them by file): {shown}")
+    out.warnings.append(f"{len(out.foreign)} statistics rows of TensorDump kernels that are not mf_celldump's "
+                        f"(another TensorDump user of the process, such as MindFormers' training monitor or a "
+                        f"TensorDump in the model) were left out: {shown}")
 
 
-def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int) -> KbkRead:
+def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int,
+                        directions: Tuple[str, ...] = ()) -> KbkRead:
     """Captures from all csv files of one iteration, in kernel execution order (Timestamp, then file order).
 
     A row whose values cannot be what MindSpore writes is a problem naming file and line;
-    the other rows are used.
+    the other rows are used. ``directions``: the directions the capture recorded (forward,
+    backward), each of which must have a row of ours when other TensorDump users' rows are there.
     """
     out = KbkRead()
     rows: List[tuple] = []
     for file_index, path in enumerate(paths):
         rows.extend(_read_rows(path, file_index, out))
-    _report_foreign(out, rows)
+    _report_foreign(out, rows, directions)
     rows.sort(key=lambda item: (item[0], item[1]))
     for seq, (_, _, row, origin) in enumerate(rows):
         try:
