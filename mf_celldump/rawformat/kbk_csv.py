@@ -145,15 +145,15 @@ def _names_our_file(op_name: str) -> bool:
 
 def _report_foreign(out: KbkRead, ours: List[tuple], directions: Tuple[str, ...]) -> None:
     """Rows of other TensorDump users (MindFormers' monitor, a TensorDump in the model) are theirs, not
-    problems. But when a captured direction has no row of ours beside them, mf_celldump's kernels of that
-    direction lost ``td_flag`` (MindSpore then names none by file): a problem."""
+    problems. But when forward values were captured and no forward row is ours beside them, mf_celldump's
+    forward kernels lost ``td_flag`` (which the capture sets; MindSpore then names none by file): a problem.
+    Backward rows cannot lose it: MindSpore sets it on the TensorDump inside DumpGradient itself."""
     if not out.foreign:
         return
     shown = "; ".join(out.foreign[:3]) + ("; ..." if len(out.foreign) > 3 else "")
     found = {find_kbk_stem(row["Op Name"]).direction for _, _, row, _ in ours}
-    missing = [d for d in directions if d not in found]
-    if missing:
-        out.problems.append(f"no statistics row names a {' or '.join(missing)} value captured by mf_celldump, but "
+    if FORWARD in directions and FORWARD not in found:
+        out.problems.append(f"no statistics row names a forward value captured by mf_celldump, but "
                             f"{len(out.foreign)} TensorDump rows name no file of ours (mf_celldump's kernels carry "
                             f"td_flag, so MindSpore names them by file; did they lose it?): {shown}")
         return
