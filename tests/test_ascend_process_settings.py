@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 
 import mindspore as ms
 import numpy as np
@@ -329,3 +331,48 @@ def test_statistics_whose_forward_kernels_lost_td_flag_are_a_problem_not_someone
     assert len(summary.problems) == 1, summary.problems
     assert "no statistics row names a forward value captured by mf_celldump" in summary.problems[0]
     assert "lose it" in summary.problems[0]
+
+
+# -- the emulation against MindSpore itself ------------------------------------------------------------
+PYTHON_PATH_SEQUENCE = """
+import os, sys
+import numpy as np
+from mindspore import Tensor, ops
+from mindspore._c_expression import _tensordump_set_step as set_step
+out = sys.argv[1]
+t = Tensor(np.ones(2, np.float32))
+dump = ops.tensordump
+"""
+STEPS_OF_THE_SEQUENCE = """
+dump(os.path.join(out, "a_{step}"), t)
+dump("<tensordump-update-step>", t)
+dump(os.path.join(out, "b_{step}"), t)
+set_step([1])
+dump(os.path.join(out, "c_{step}"), t)
+set_step([0])
+dump(os.path.join(out, "d_{step}"), t)
+set_step([])
+"""
+
+
+def _stems(folder):
+    return sorted(name.rsplit("_", 2)[0] for name in os.listdir(folder))
+
+
+def test_the_emulated_python_path_tensordump_follows_the_installed_mindspore(tmp_path):
+    """The eager ``ops.tensordump`` runs on CPU: MindSpore 2.7.1 and later fill ``{step}`` from the graph counter
+    and check both counters against the filter (2.7.0 used the python counter for both; docs/ascend-emulation.md)."""
+    real, emulated = tmp_path / "real", tmp_path / "emulated"
+    real.mkdir()
+    emulated.mkdir()
+    proc = subprocess.run([sys.executable, "-c", PYTHON_PATH_SEQUENCE + STEPS_OF_THE_SEQUENCE, str(real)],
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    emulator = AscendEmulator()
+    try:
+        namespace = {"out": str(emulated), "t": ms.Tensor(np.ones(2, np.float32)), "os": os,
+                     "dump": emulator.tensordump_python, "set_step": emulator.tensordump_set_step}
+        exec(STEPS_OF_THE_SEQUENCE, namespace)  # noqa: S102 - the same calls, on the emulator
+    finally:
+        emulator.close()
+    assert _stems(emulated) == _stems(real) == ["a_step0", "b_step0"]

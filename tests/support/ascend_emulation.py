@@ -338,9 +338,10 @@ class AscendEmulator:
     def tensordump_python(self, file: str, tensor) -> None:
         """``ops.tensordump(file, t)`` eagerly: DCP `_tensordump_exec` -> Exec(..., kCallFromPython), synchronous.
 
-        From 2.7.2 TDC ExecTask calls ProcessFileName(tensor_name, data_type) without the mode, so
-        the filter is checked on the python counter and on the graph counter, and {step} is the
-        graph counter (probe_tensordump_steps.out: set_step([1,3]) + python marker writes nothing).
+        From 2.7.1 TDC ExecTask calls ProcessFileName(tensor_name, data_type) without the mode, so
+        the filter is checked on the python counter (GetTaskType) and on the graph counter, and
+        {step} is the graph counter; 2.7.0 used the python counter for both (measured on CPU with
+        2.7.0, 2.7.1, 2.7.2 and 2.9.0; test_the_emulated_python_path_tensordump_follows_the_installed_mindspore).
         """
         with self._exec_lock:
             self._exec(_Item(file, _host_array(tensor), _dtype_name(tensor), CALL_FROM_PYTHON), python_path=True)
@@ -551,7 +552,7 @@ class AscendEmulator:
 
     def _array_name(self, tensor_path: str, data_type: str) -> str:
         # TDC TensorNameToArrayName: {step} -> step<graph counter> (the item's mode is the default
-        # kCallFromCXX for channel items, and from 2.7.2 for the python path too); {rank} -> rank<R>;
+        # kCallFromCXX for channel items, and from 2.7.1 for the python path too); {rank} -> rank<R>;
         # dtype lower-cased; a trailing ".npy" stripped; "{file}_{dtype}_{id}.npy" with the id of a
         # process-wide counter taken here, for written files only (FetchAddID).
         tensor_path = tensor_path.replace("{step}", f"step{self.step[CALL_FROM_CXX]}")

@@ -91,7 +91,7 @@ class TensorDumpBackend(CaptureBackend):
         self.primitives = self._given or AscendPrimitives.from_mindspore()
         self.graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
         if not self.graph_mode:
-            # From 2.7.2 an eager TensorDump checks the process-wide step filter against the
+            # From 2.7.1 an eager TensorDump checks the process-wide step filter against the
             # graph counter too (TDC ExecTask -> ProcessFileName with the default mode): a
             # filter left by an earlier graph-mode capture would silently stop every file.
             self.primitives.tensordump_set_step([])
