@@ -184,6 +184,24 @@ def test_a_tensor_capture_after_a_statistics_capture_is_refused_at_attach(tmp_pa
             emulator.close()
 
 
+def test_a_statistics_capture_after_a_tensor_capture_works(tmp_path):
+    """The reverse order works: kernels ran before, so MindSpore read MS_KERNEL_LAUNCH_SKIP empty; the TensorDump
+    kernels then run and the step filter keeps their files from being written."""
+    emulator = AscendEmulator()
+    try:
+        run_training(tmp_path / "t", dict(TENSOR, steps="0"), emulator, steps=1)
+        emulator.drain()
+        before = len(emulator.written_files)
+        _, summary = run_training(tmp_path / "s", dict(STATISTICS, steps="0"), emulator, steps=1)
+        emulator.drain()
+    finally:
+        emulator.close()
+    assert summary.problems == [] and summary.processed_steps == [0], summary.text()
+    leaves, _ = output_of(str(tmp_path / "s"), 0)
+    assert any(".backward." in k[0] for k in leaves) and any(".forward." in k[0] for k in leaves)
+    assert len(emulator.written_files) == before, "no tensor file from the statistics capture"
+
+
 # -- the GE backend and the TensorDump channel ---------------------------------------------------------
 def _net_with(jit_config=None):
     net = cn.make_net()
