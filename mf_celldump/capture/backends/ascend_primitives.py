@@ -77,24 +77,6 @@ class AscendPrimitives:
         def synchronize() -> None:
             ms.runtime.synchronize()
 
-        def backend_policy() -> str:
-            # The Ascend plugin's context init sets "ge" whenever the device target is Ascend, and the
-            # device context's Initialize then calls OpenTsd (plugin/ascend/ascend_device_context.cc
-            # MSCONTEXT_REGISTER_INIT_FUNC, AscendDeviceContext::Initialize). A private getter: if it goes
-            # away, assume the Ascend default rather than refuse.
-            try:
-                return str(ms.context._context()._context_handle.get_backend_policy())
-            except (AttributeError, RuntimeError, TypeError):
-                return "ge"
-
-        def soc_version() -> str:
-            try:
-                from mindspore._c_expression import MSContext
-
-                return str(MSContext.get_instance().get_ascend_soc_version())
-            except (ImportError, AttributeError, RuntimeError):
-                return ""
-
         return cls(
             dump_out=ops.TensorDump(),
             dump_in=ops.TensorDump("in"),
@@ -106,8 +88,8 @@ class AscendPrimitives:
             set_init_iter=init_iter,
             dump_step=dump_step,
             make_marker_tensor=lambda: Tensor([0.0], ms.float32),
-            backend_policy=backend_policy,
-            soc_version=soc_version,
+            backend_policy=_backend_policy,
+            soc_version=_soc_version,
         )
 
     # -- the process-wide count of update markers ------------------------------------
@@ -132,6 +114,30 @@ class AscendPrimitives:
         # The python-path counter serves eager TensorDump calls ({step} in PyNative code);
         # msprobe 26.2 and MindSpore's own hybrid test move it too.
         self.tensordump_python(UPDATE_STEP_FLAG, marker)
+
+
+def _backend_policy() -> str:
+    """``MsContext::backend_policy()``. The Ascend plugin's context init sets "ge" whenever the device
+    target is Ascend, and the device context's Initialize then calls OpenTsd
+    (``plugin/ascend/ascend_device_context.cc`` MSCONTEXT_REGISTER_INIT_FUNC,
+    ``AscendDeviceContext::Initialize``). A private getter: if it goes away, assume the Ascend default
+    rather than refuse."""
+    import mindspore as ms
+
+    try:
+        return str(ms.context._context()._context_handle.get_backend_policy())
+    except (AttributeError, RuntimeError, TypeError):
+        return "ge"
+
+
+def _soc_version() -> str:
+    """``MsContext::ascend_soc_version()`` ("ascend910" is 910A, "ascend910b" 910B1-4), "" if unknown."""
+    try:
+        from mindspore._c_expression import MSContext
+
+        return str(MSContext.get_instance().get_ascend_soc_version())
+    except (ImportError, AttributeError, RuntimeError):
+        return ""
 
 
 def _module(name: str, version: str):
