@@ -17,74 +17,27 @@ import numpy as np
 import pytest
 
 import mf_celldump
-from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP, AscendPrimitives
+from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP
 from mf_celldump.capture.backends.kbk_settings import iteration_setting
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.capture.session import AttachError
-from mf_celldump.config import DumpConfig, IndexSelection
-from mf_celldump.integrations.run import TrainingRun
+from mf_celldump.config import IndexSelection
 from mf_celldump.processing.async_steps import wait_for_steps
 from mf_celldump.processing.driver import process_dump
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
 from tests.support.ascend_emulation import AscendEmulator
+from tests.support.ascend_runs import output_of as _output
+from tests.support.ascend_runs import raw_step_folders as _raw_step_folders
+from tests.support.ascend_runs import run_training
+from tests.support.ascend_runs import step_folders as _step_folders
 
 STEPS = 5
 SELECTED = "1,3"
 
 
-def _output(dump_path, step):
-    """{(entry, io, index): leaf} and {file name: array} of a processed step."""
-    folder = os.path.join(dump_path, f"step{step}", "rank")
-    with open(os.path.join(folder, fmt.DUMP_JSON), encoding="utf-8") as handle:
-        data = json.load(handle)["data"]
-    leaves = {}
-    for entry, body in data.items():
-        if ".parameters_grad." in entry:  # {weight: [T]}
-            leaves.update(((entry, "parameters_grad", name), items[0]) for name, items in body.items())
-            continue
-        for name, leaf in body.get("parameters", {}).items():
-            leaves[(entry, "parameters", name)] = leaf
-        for io, values in (("input", body["input_args"]), ("output", body["output"])):
-            for index, leaf in enumerate(values):
-                if leaf is not None and leaf.get("type") == "mindspore.Tensor":
-                    leaves[(entry, io, index)] = leaf
-        for name, leaf in body["input_kwargs"].items():
-            if leaf is not None and leaf.get("type") == "mindspore.Tensor":
-                leaves[(entry, "kwarg", name)] = leaf
-    tensor_dir = os.path.join(folder, fmt.TENSOR_DIR)
-    arrays = {}
-    if os.path.isdir(tensor_dir):
-        arrays = {n: np.load(os.path.join(tensor_dir, n), allow_pickle=False) for n in os.listdir(tensor_dir)}
-    return leaves, arrays
-
-
-def _step_folders(dump_path):
-    return sorted(n for n in os.listdir(dump_path) if fmt.parse_step_dir_name(n) is not None)
-
-
-def _raw_step_folders(dump_path):
-    rank_dir = os.path.join(dump_path, fmt.RAW_ROOT, "rank0")
-    return sorted(n for n in os.listdir(rank_dir) if n.startswith("step")) if os.path.isdir(rank_dir) else []
-
-
-def _run(dump_path, config, emulator=None, steps=STEPS, initial_step=0, wait_timeout=None, net_factory=None):
-    """Train the capture net through a TrainingRun (what every trainer adapter drives)."""
-    cn.set_mode("graph" if emulator is not None else "pynative")
-    net = (net_factory or cn.make_net)()
-    train = cn.train_one_step_cell(net)
-    x = cn.make_input()
-    run = TrainingRun(DumpConfig.coerce(dict(config, dump_path=str(dump_path))), wait_timeout=wait_timeout)
-    with pytest.MonkeyPatch.context() as patch:
-        if emulator is not None:
-            patch.setattr(AscendPrimitives, "from_mindspore", classmethod(lambda cls: emulator.primitives()))
-        run.ensure_attached(train, initial_step=initial_step)
-        for step in range(initial_step, initial_step + steps):
-            run.begin_step(step)
-            train(x)
-            run.end_step()
-        summary = run.finish()
-    return run, summary
+def _run(dump_path, config, emulator=None, steps=STEPS, **kwargs):
+    return run_training(dump_path, config, emulator, steps=steps, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -215,8 +168,10 @@ def test_a_second_capture_in_the_same_process_starts_clean(tmp_path):
     emulator = AscendEmulator()
     try:
         _run(tmp_path / "first", {"task": "tensor", "backend": "tensordump", "steps": SELECTED}, emulator)
-        # The step filter is process-wide: the second capture must reset it, and its steps land in
-        # graph folders 5 and 6 (the counter went on), which the step-done markers map back.
+        # The first detach reopened the filter from graph step 6 on (one more update marker); the second
+        # capture must reset it, and its steps land in graph folders 6 and 7 (the counter went on), which
+        # the step-done markers map back.
+        assert emulator.valid_steps == {1, 3, 6}
         _, summary = _run(tmp_path / "second", {"task": "tensor", "backend": "tensordump", "steps": "all"},
                           emulator, steps=2)
         emulator.drain()
@@ -224,8 +179,9 @@ def test_a_second_capture_in_the_same_process_starts_clean(tmp_path):
         emulator.close()
     assert summary.problems == [] and _step_folders(str(tmp_path / "second")) == ["step0", "step1"]
     second = [p for p in emulator.written_files if "/second/" in p]
-    assert {os.path.basename(os.path.dirname(p)) for p in second} == {"step5", "step6"}
-    assert emulator.valid_steps == {5, 6}  # after detach: only steps whose files may still be queued
+    assert {os.path.basename(os.path.dirname(p)) for p in second} == {"step6", "step7"}
+    # After detach: the steps whose files may still be queued, and everything from graph step 9 on.
+    assert emulator.valid_steps == {6, 7, 9} and emulator.step[0] == 9
 
 
 @pytest.mark.parametrize("data_mode", ["forward", "backward"])
@@ -297,8 +253,8 @@ def test_statistics_give_forward_and_backward_values(tmp_path, reference, op_nam
                 assert leaf[stat] == pytest.approx(want[key][stat], rel=1e-5, abs=1e-6), (key, stat)
 
 
-def test_statistics_row_nobody_can_attribute_is_reported(tmp_path):
-    """A TensorDump of the user's own model (no td_flag) is dumped too; its row is named, not dropped."""
+def test_statistics_row_of_another_tensordump_is_named_as_theirs(tmp_path):
+    """A TensorDump of the user's own model (no td_flag) is dumped too; its row is named as not ours, not dropped."""
     emulator = AscendEmulator()
     user_dump = emulator.tensordump()  # ops.TensorDump() in the user's model, on this platform
     user_path = os.path.join(str(tmp_path), "mine")
@@ -313,13 +269,16 @@ def test_statistics_row_nobody_can_attribute_is_reported(tmp_path):
             return self.inner(x)
 
     try:
-        _, summary = _run(tmp_path / "d", {"task": "statistics", "backend": "kbk_statistics", "steps": "0"},
-                          emulator, steps=1, net_factory=WithUserDump)
+        _, summary = _run(tmp_path / "d", {"task": "statistics", "backend": "kbk_statistics", "steps": "0",
+                                           "process_on_train_end": False}, emulator, steps=1,
+                          net_factory=WithUserDump)
     finally:
         emulator.close()
-    assert len(summary.problems) == 1, summary.problems
-    assert "statistic.csv:" in summary.problems[0] and "Default/TensorDump-op" in summary.problems[0]
-    assert "names no value captured by mf_celldump" in summary.problems[0]
+    report = process_dump(str(tmp_path / "d"), jobs=1)
+    assert report.ok and [o.step for o in report.processed] == [0], report.summary()
+    warnings = [w for o in report.outcomes for w in o.warnings]
+    assert len(warnings) == 1 and "statistic.csv:" in warnings[0] and "Default/TensorDump-op" in warnings[0]
+    assert "not mf_celldump's" in warnings[0]
 
 
 def test_statistics_settings_mindspore_would_refuse_fail_at_attach(tmp_path):
@@ -358,7 +317,7 @@ def test_iteration_setting_and_step_map():
     assert (steps.base, steps.mindspore_filter()) == (100, [1, 3])
     steps.note_captured(101)
     assert steps.realign(105, 2)  # a jump: step 105 begins at graph step 2
-    assert steps.mindspore_filter() == [1] and steps.final_filter() == [1]
+    assert steps.mindspore_filter() == [1] and steps.captured_counters == [1]
     assert GraphStepMap.start(IndexSelection.parse("5", "steps"), 6, 0).mindspore_filter() == [UNREACHABLE_STEP]
 
 
@@ -375,7 +334,7 @@ def test_statistics_under_jit_level_o2_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(ms.context, "get_jit_config", lambda: {"jit_level": "O2"})
     emulator = AscendEmulator()
     try:
-        with pytest.raises(AttachError, match="jit_level O2"):
+        with pytest.raises(AttachError, match=r"GE backend does not have.*jit_config=\{'jit_level': 'O2'\}"):
             mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path), "task": "statistics",
                                                "backend": "kbk_statistics"}, primitives=emulator.primitives())
     finally:

@@ -6,6 +6,7 @@ fresh, unwrapped cells on the captured inputs; gradients by ``mindspore.grad`` o
 fresh cells and of the whole network.
 """
 
+import dataclasses
 import os
 import zlib
 
@@ -15,6 +16,7 @@ import pytest
 from mindspore import Tensor, nn
 
 import mf_celldump
+from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.session import AttachError, find_attached
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
@@ -434,7 +436,13 @@ def test_graph_tensordump_path_compiles_up_to_the_ascend_kernel(tmp_path):
     assert graph_path("/d/", (0, 0), "f", (0,), "-") == "/d/c0-f-a-t-nx-p0"
     cn.set_mode("graph")
     train = cn.train_one_step_cell(cn.make_net())
-    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "tensor", "backend": "tensordump"})
+    config = {"dump_path": str(tmp_path), "task": "tensor", "backend": "tensordump"}
+    # MindSpore's real primitives; on CPU its backend policy is "ms", so there is no TensorDump channel
+    # (tdt_manager.cc OpenTsd) and attach refuses. Claiming the Ascend policy lets the compile go on.
+    with pytest.raises(AttachError, match="backend policy is 'ms'"):
+        mf_celldump.attach(train, config)
+    primitives = dataclasses.replace(AscendPrimitives.from_mindspore(), backend_policy=lambda: "ge")
+    dump = mf_celldump.attach(train, config, primitives=primitives)
     dump.begin_step(0)
     with pytest.raises(RuntimeError, match=r"Unsupported op \[TensorDump\] on CPU"):
         train(cn.make_input())

@@ -12,6 +12,12 @@ set -euo pipefail
 WORKERS="${WORKERS:-8}"
 PORT="${MASTER_PORT:-8118}"
 REGISTER_PATH_DIR="$(mf-celldump register-path)"   # the folder of celldump_callback.py
+# Graph-mode TensorDump sends each tensor to the host in one piece unless MindSpore slices it;
+# MindSpore documents that large or frequent dumps fail without these, and reads them once, when
+# the device starts (so here, not in Python). Slices of MB (1-2048); seconds it waits for the host
+# writer (0-600, at most op_timeout; if the writer is slower it drops what is queued).
+export MS_DUMP_SLICE_SIZE="${MS_DUMP_SLICE_SIZE:-256}"
+export MS_DUMP_WAIT_TIME="${MS_DUMP_WAIT_TIME:-600}"
 
 cd "$MINDFORMERS_DIR"
 msrun --worker_num="$WORKERS" --local_worker_num="$WORKERS" --master_port="$PORT" \

@@ -176,7 +176,8 @@ class CellDump:
             logger.warning("%s", text)
         self._claim_dump_path()
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
-        context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives)
+        context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives,
+                                 (self.network, self.model))
         self.backend = create_backend(choice.name, context)
         try:
             self.backend.setup(self.initial_step)
@@ -272,6 +273,16 @@ class CellDump:
     def writes_later(self) -> bool:
         """True when MindSpore writes captured steps' files after the steps (graph-mode TensorDump)."""
         return self.backend is not None and self.backend.writes_later
+
+    @property
+    def writes_unselected(self) -> bool:
+        """True when MindSpore also writes steps that are not selected (their files are deleted later)."""
+        return self.backend is not None and self.backend.writes_unselected
+
+    @property
+    def last_unselected_step(self) -> Optional[int]:
+        """See ``CaptureBackend.last_unselected_step``."""
+        return None if self.backend is None else self.backend.last_unselected_step
 
     def begin_step(self, step: int) -> Optional[StepEnd]:
         """Global step ``step`` (0-based) is about to run; ends a step still running (returned).

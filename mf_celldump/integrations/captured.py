@@ -59,6 +59,30 @@ def wait_for_files(dump, steps: Optional[Sequence[int]] = None, timeout: Optiona
     return async_steps.wait_for_steps(dump.dump_path, dump.rank, wanted, timeout=timeout)
 
 
+def discard_unselected(dump, timeout: Optional[float] = None) -> List[str]:
+    """Delete what MindSpore wrote for steps that were not selected (the step filter stayed open for
+    another TensorDump user) once it has finished them; returns what is left to say.
+
+    MindSpore's writer is one FIFO, so once the last such step's marker is there every earlier
+    one is too. Does nothing for other captures.
+    """
+    from mf_celldump.processing import async_steps
+    from mf_celldump.processing.driver import process_dump
+
+    if not dump.writes_unselected:
+        return []
+    notes = []
+    last = dump.last_unselected_step
+    if last is not None:
+        waited = async_steps.wait_for_steps(dump.dump_path, dump.rank, [last], timeout=timeout,
+                                            include_unselected=True)
+        if waited.missing:
+            notes.append(f"rank {dump.rank}: MindSpore was still writing steps that were not selected after "
+                         f"{waited.waited_s:.0f} s; `mf-celldump process {dump.dump_path}` deletes them once written")
+    report = process_dump(dump.dump_path, steps=[], ranks=[dump.rank], jobs=1, only_complete=True)
+    return notes + list(report.warnings)
+
+
 def process_captured(dump, steps: Optional[Sequence[int]] = None, observer=None, timeout: Optional[float] = None):
     """Turn this rank's complete raw steps into msprobe's layout; a ``ProcessingReport``.
 
@@ -76,4 +100,5 @@ def process_captured(dump, steps: Optional[Sequence[int]] = None, observer=None,
                           only_complete=True, observer=observer)
     if waited is not None:
         report.problems.extend(waited.problems(dump.rank))
+    report.warnings.extend(discard_unselected(dump, timeout))
     return report

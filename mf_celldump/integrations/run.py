@@ -175,6 +175,10 @@ class TrainingRun:
         finally:
             self._finish_processing()
         self.summary.captured_steps = list(self.dump.captured_steps)
+        if self.dump.writes_unselected:
+            from mf_celldump.integrations.captured import discard_unselected
+
+            self.summary.notes.extend(discard_unselected(self.dump, timeout=self._wait_s(failed)))
         if not self.config.process_on_train_end and self.dump.writes_later:
             self._wait_unprocessed(failed)
         if self.dump.rank not in self.config.ranks:

@@ -65,11 +65,13 @@ def _missing(rank_dir: str, manifest: Manifest, step: int, waited: float) -> str
 
 
 def wait_for_steps(dump_path: str, rank: int, steps: Iterable[int], timeout: Optional[float] = None,
-                   progress: Optional[Progress] = None, show_bar: Optional[bool] = None) -> StepsWait:
+                   progress: Optional[Progress] = None, show_bar: Optional[bool] = None,
+                   include_unselected: bool = False) -> StepsWait:
     """Wait up to ``timeout`` seconds until MindSpore has written each of ``steps`` (not yet processed) of ``rank``.
 
     ``progress`` is called after each poll; ``show_bar`` None shows a tqdm bar on a terminal
     once the wait has lasted 2 s. Never raises for a missing step: it is named in the result.
+    ``include_unselected``: the marker of a step written but not selected counts too.
     """
     timeout = DEFAULT_TIMEOUT_S if timeout is None else max(float(timeout), 0.0)
     rank_dir = os.path.join(dump_path, names.RAW_ROOT, names.rank_dir_name(rank))
@@ -84,7 +86,7 @@ def wait_for_steps(dump_path: str, rank: int, steps: Iterable[int], timeout: Opt
                delay=2, leave=False, disable=True if show_bar is False else None)
     try:
         while True:
-            written = markers.written_steps(rank_dir)
+            written = markers.written_steps(rank_dir, include_unselected)
             now_ready = {s for s in wanted if s in written}
             bar.update(len(now_ready - ready))
             ready = now_ready

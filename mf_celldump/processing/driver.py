@@ -138,6 +138,10 @@ def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: b
     chosen = []
     for step in sorted(sources):
         source = sources[step]
+        if source.discard:  # written only because the step filter stayed open: deleted, whatever the selection
+            if remove_raw:
+                _discard(ctx, source, report)
+            continue
         if step_filter is not None and step not in step_filter:
             continue
         if source.refused is not None:
@@ -151,6 +155,18 @@ def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: b
             continue
         chosen.append(source)
     return chosen, set(sources)
+
+
+def _discard(ctx: RankContext, source: StepSource, report: ProcessingReport) -> None:
+    """Delete our files of a complete raw folder of a step that was not selected (``_td_skip_g`` marker)."""
+    try:
+        text = raw_cleanup.remove_raw_step(ctx.rank_dir, source.raw_dir, {}).describe(source.raw_dir)
+    except OSError as err:
+        report.warnings.append(f"rank {ctx.rank}: " + space.os_problem(err, f"cannot delete {source.raw_dir}"))
+        return
+    logger.debug("rank %d: deleted %s (step %d was written but not selected)", ctx.rank, source.raw_dir, source.step)
+    if text:
+        report.warnings.append(f"rank {ctx.rank}: {text}")
 
 
 def _count_files(source: StepSource) -> int:

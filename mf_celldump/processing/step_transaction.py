@@ -41,7 +41,7 @@ from mf_celldump.processing.outcome import StepOutcome
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.kbk_csv import read_statistic_csvs
+from mf_celldump.rawformat.kbk_csv import captured_directions, read_statistic_csvs
 from mf_celldump.rawformat.keys import KIND_TENSOR
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.scan import StepSource, list_step_files, step_folder_digest
@@ -79,9 +79,11 @@ def _read_inputs(ctx: RankContext, source: StepSource) -> _Inputs:
         inputs.digest = listed.digest
     inputs.kbk_sizes = {os.path.relpath(p, ctx.rank_dir): os.lstat(p).st_size for p in source.kbk_csvs}
     if source.kbk_csvs:
-        kbk = read_statistic_csvs(source.kbk_csvs, ctx.manifest.statistics, first_order=len(inputs.captures))
+        kbk = read_statistic_csvs(source.kbk_csvs, ctx.manifest.statistics, first_order=len(inputs.captures),
+                                  directions=captured_directions(ctx.manifest))
         inputs.captures.extend(kbk.captures)
         inputs.problems.extend(kbk.problems)
+        inputs.warnings.extend(kbk.warnings)
     return inputs
 
 

@@ -10,7 +10,9 @@ side gives each TensorDump kernel ``td_flag``, so its ``Op Name`` is
 ``{file input}|{scope}`` (``debug_actor.cc`` AscendKbkDump) and the file input ends with
 our dash-separated stem (``names.find_kbk_stem``). The dumped tensor is input slot 1
 (slot 0 is the file name), which is also the row msprobe 26.2 keeps. A row for input
-slot 1 that names no captured value is reported, never dropped silently. MindSpore's
+slot 1 that names no captured value is never dropped silently: a kernel whose file lies in
+our raw folder is a problem; another TensorDump user's row (no ``td_flag``, or a file of
+theirs) is left out with a warning, and a step where no row is ours is a problem. MindSpore's
 ``MD5`` column is a real MD5, not msprobe's CRC-32 ``md5``, so it is not used.
 """
 
@@ -27,18 +29,23 @@ from mf_celldump.config import short_repr
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.fsutil import open_own_file
 from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import KIND_TENSOR, scalar_of_kind
-from mf_celldump.rawformat.names import find_kbk_stem
+from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_TENSOR, scalar_of_kind
+from mf_celldump.rawformat.manifest import Manifest
+from mf_celldump.rawformat.names import RAW_ROOT, find_kbk_stem
 from mf_celldump.statistics import StatValues, statistics_record
 
 REQUIRED_COLUMNS = ("Op Name", "IO", "Slot", "Data Type", "Shape")
 _INT_RE = re.compile(r"\d+")
+# Our raw rank folder in a kernel's file input, with "/" possibly turned into "_" (up to MindSpore 2.7.0).
+_OUR_RAW_FOLDER_RE = re.compile(r"[/_]" + re.escape(RAW_ROOT) + r"[/_]rank\d+[/_]")
 
 
 @dataclass
 class KbkRead:
     captures: List[Capture] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    foreign: List[str] = field(default_factory=list)  # "file:line: op name" of other TensorDump users' rows
 
 
 def _number(text: Optional[str]):
@@ -114,24 +121,60 @@ def _rows_of(reader: csv.DictReader, path: str, file_index: int, out: KbkRead) -
             continue  # output rows, and the file-name input (slot 0)
         op_name = row.get("Op Name") or ""
         if find_kbk_stem(op_name) is None:
-            out.problems.append(
-                f"{path}:{line}: the row of kernel {op_name[:200]!r} names no value captured by "
-                "mf_celldump (a TensorDump without td_flag, or not ours); not attributed")
+            if _names_our_file(op_name):
+                out.problems.append(f"{path}:{line}: the row of kernel {op_name[:200]!r} names a file of "
+                                    "mf_celldump's raw folder but no value it captured; not attributed")
+            else:
+                out.foreign.append(f"{path}:{line}: {op_name[:200]!r}")
             continue
         rows.append((_int(row.get("Timestamp")), (file_index, line), row, f"{path}:{line}"))
     return rows
 
 
-def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int) -> KbkRead:
+def captured_directions(manifest: Manifest) -> Tuple[str, ...]:
+    """The directions a capture recorded (the manifest's informative data_mode; both when absent)."""
+    mode = manifest.details.get("data_mode", "all")
+    return tuple(d for d, modes in ((FORWARD, ("forward", "all")), (BACKWARD, ("backward", "all"))) if mode in modes)
+
+
+def _names_our_file(op_name: str) -> bool:
+    """A ``td_flag`` kernel whose file input lies in a raw rank folder of ours (``_raw/rank{R}/``)."""
+    file_part, sep, _ = op_name.partition("|")
+    return bool(sep) and _OUR_RAW_FOLDER_RE.search(file_part) is not None
+
+
+def _report_foreign(out: KbkRead, ours: List[tuple], directions: Tuple[str, ...]) -> None:
+    """Rows of other TensorDump users (MindFormers' monitor, a TensorDump in the model) are theirs, not
+    problems. But when forward values were captured and no forward row is ours beside them, mf_celldump's
+    forward kernels lost ``td_flag`` (which the capture sets; MindSpore then names none by file): a problem.
+    Backward rows cannot lose it: MindSpore sets it on the TensorDump inside DumpGradient itself."""
+    if not out.foreign:
+        return
+    shown = "; ".join(out.foreign[:3]) + ("; ..." if len(out.foreign) > 3 else "")
+    found = {find_kbk_stem(row["Op Name"]).direction for _, _, row, _ in ours}
+    if FORWARD in directions and FORWARD not in found:
+        out.problems.append(f"no statistics row names a forward value captured by mf_celldump, but "
+                            f"{len(out.foreign)} TensorDump rows name no file of ours (mf_celldump's kernels carry "
+                            f"td_flag, so MindSpore names them by file; did they lose it?): {shown}")
+        return
+    out.warnings.append(f"{len(out.foreign)} statistics rows of TensorDump kernels that are not mf_celldump's "
+                        f"(another TensorDump user of the process, such as MindFormers' training monitor or a "
+                        f"TensorDump in the model) were left out: {shown}")
+
+
+def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: int,
+                        directions: Tuple[str, ...] = ()) -> KbkRead:
     """Captures from all csv files of one iteration, in kernel execution order (Timestamp, then file order).
 
     A row whose values cannot be what MindSpore writes is a problem naming file and line;
-    the other rows are used.
+    the other rows are used. ``directions``: the directions the capture recorded (forward,
+    backward), each of which must have a row of ours when other TensorDump users' rows are there.
     """
     out = KbkRead()
     rows: List[tuple] = []
     for file_index, path in enumerate(paths):
         rows.extend(_read_rows(path, file_index, out))
+    _report_foreign(out, rows, directions)
     rows.sort(key=lambda item: (item[0], item[1]))
     for seq, (_, _, row, origin) in enumerate(rows):
         try:

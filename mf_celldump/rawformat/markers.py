@@ -41,21 +41,37 @@ TD_DONE_FIELDS = {
     "name": "_td_done_g{G}_{dtype}_{id}.npy, in the raw step folder",
     "G": "int: the global step whose files the folder holds",
     "written by": "MindSpore's TensorDump writer thread, after every file of the step; its content is not read",
+    "_td_skip_g{G}_{dtype}_{id}.npy": "the same for a step that was not selected but written anyway (another "
+                                      "TensorDump user keeps the process-wide step filter open): processing "
+                                      "deletes the folder's files once it holds this marker",
 }
+
+
+def _tensordump_marker(folder: str) -> Tuple[Optional[int], bool]:
+    """(global step, selected) named by the marker MindSpore wrote into ``folder``: ``_td_done_g`` is a
+    selected step, ``_td_skip_g`` one written only because the step filter stayed open; (None, True) if absent."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.name.startswith((names.TD_DONE_PREFIX, names.TD_SKIP_PREFIX)):
+                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                step = names.parse_td_done_name(entry.name)
+                if step is not None:
+                    return step, True
+                step = names.parse_td_skip_name(entry.name)
+                if step is not None:
+                    return step, False
+    except OSError:
+        pass
+    return None, True
 
 
 def tensordump_done_step(folder: str) -> Optional[int]:
     """The global step named by the step-done marker MindSpore wrote into ``folder``; None if absent."""
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.name.startswith(names.TD_DONE_PREFIX) and entry.is_file(follow_symlinks=False):
-                    step = names.parse_td_done_name(entry.name)
-                    if step is not None:
-                        return step
-    except OSError:
-        return None
-    return None
+    step, selected = _tensordump_marker(folder)
+    return step if selected else None
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,8 @@ class FolderState:
     complete: bool
     refused: Optional[str] = None
     fields: Dict[str, Any] = field(default_factory=dict)
+    # MindSpore wrote the folder for a step that was not selected, and has finished it: delete it.
+    discard: bool = False
 
 
 def read_step_done(folder: str, root_real: str) -> FolderState:
@@ -110,9 +128,9 @@ def step_done_disagreement(path: str, fields: Dict[str, Any], manifest: Manifest
 def raw_folder_state(manifest: Manifest, folder_step: int, folder: str, root_real: str) -> FolderState:
     """The state of the raw folder ``step{folder_step}`` at ``folder``."""
     if manifest.written_later:
-        step = tensordump_done_step(folder)
+        step, selected = _tensordump_marker(folder)
         if step is not None:
-            return FolderState(step, True)
+            return FolderState(step, True, discard=not selected)
         return FolderState(manifest.global_step(folder_step), False)
     step = manifest.global_step(folder_step)
     done = read_step_done(folder, root_real)
@@ -124,8 +142,9 @@ def raw_folder_state(manifest: Manifest, folder_step: int, folder: str, root_rea
     return FolderState(step, done.complete, refused, done.fields)
 
 
-def written_steps(rank_dir: str) -> Dict[int, str]:
-    """Global step -> raw folder, for every step folder of ``rank_dir`` that holds a step-done marker file."""
+def written_steps(rank_dir: str, include_unselected: bool = False) -> Dict[int, str]:
+    """Global step -> raw folder, for every step folder of ``rank_dir`` that holds a step-done marker file
+    (with ``include_unselected``, also the marker of a step written but not selected)."""
     found: Dict[int, str] = {}
     try:
         entries = list(os.scandir(rank_dir))
@@ -134,8 +153,8 @@ def written_steps(rank_dir: str) -> Dict[int, str]:
     for entry in entries:
         if names.parse_step_dir_name(entry.name) is None or not entry.is_dir(follow_symlinks=False):
             continue
-        step = tensordump_done_step(entry.path)
-        if step is not None:
+        step, selected = _tensordump_marker(entry.path)
+        if step is not None and (selected or include_unselected):
             found[step] = entry.path
     return found
 

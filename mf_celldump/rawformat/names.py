@@ -64,6 +64,10 @@ _KBK_FILE_END_RE = re.compile(_KBK_STEM_RE.pattern + r"(?:_in[._]npy)?$")
 # marker's {file} is _td_done_g{global step}.
 TD_DONE_PREFIX = "_td_done_g"
 _TD_DONE_RE = re.compile(rf"^_td_done_g(?P<step>{_number(STEP_DIGITS)})_[A-Za-z0-9]{{1,32}}_{_number(18)}\.npy$")
+# The same marker for a step that was not selected but written anyway (another TensorDump user
+# keeps MindSpore's process-wide step filter open): the folder is deleted once it holds it.
+TD_SKIP_PREFIX = "_td_skip_g"
+_TD_SKIP_RE = re.compile(rf"^_td_skip_g(?P<step>{_number(STEP_DIGITS)})_[A-Za-z0-9]{{1,32}}_{_number(18)}\.npy$")
 _STEP_RE = re.compile(rf"^step({_number(STEP_DIGITS)})$")
 _RANK_RE = re.compile(rf"^rank({_number(RANK_DIGITS)})$")
 # What a step or rank folder name looks like with any number: told apart from ours to warn about it.
@@ -145,9 +149,20 @@ def parse_td_done_name(name: str) -> Optional[int]:
     return int(m["step"]) if m else None
 
 
+def td_skip_stem(step: int) -> str:
+    """The file name the marker of a written but not selected step is sent with."""
+    return f"{TD_SKIP_PREFIX}{step}"
+
+
+def parse_td_skip_name(name: str) -> Optional[int]:
+    """The global step a not-selected-step marker file names; None if it is not one."""
+    m = _TD_SKIP_RE.match(name)
+    return int(m["step"]) if m else None
+
+
 def is_step_marker(name: str) -> bool:
     """A file that marks a raw step folder complete (ours, or the one MindSpore writes for us)."""
-    return name == STEP_DONE_FILE or name.startswith(TD_DONE_PREFIX)
+    return name == STEP_DONE_FILE or name.startswith((TD_DONE_PREFIX, TD_SKIP_PREFIX))
 
 
 def rank_dir_name(rank: int) -> str:

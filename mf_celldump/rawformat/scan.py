@@ -38,6 +38,7 @@ class StepSource:
     kbk_csvs: List[str] = field(default_factory=list)
     complete: bool = False
     refused: Optional[str] = None  # why the step must not be processed (its raw data is kept)
+    discard: bool = False  # written for a step that was not selected: its files are deleted, not processed
 
 
 @dataclass
@@ -128,6 +129,7 @@ def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: 
             if kept is source.raw_dir:
                 continue
         source.raw_dir, source.complete, source.refused = raw_dir, complete, state.refused
+        source.discard = state.discard
 
 
 def is_ours(name: str) -> bool:

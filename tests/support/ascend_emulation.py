@@ -19,7 +19,8 @@ later files from the search index; /work/notes/issue8/FACTS.md quotes them):
         mindspore/ccsrc/debug/dump/tensordump_control.cc
   TDU   mindspore/ccsrc/tools/tensor_dump/tensordump_utils.cc (MbufTensorDumpCallback,
         SaveTensor2NPY); earlier plugin/res_manager/ascend/mbuf_manager/tensordump_utils.cc
-  MBUF  mindspore/ccsrc/plugin/res_manager/ascend/mbuf_manager/mbuf_receive_manager.cc
+  MBUF  mindspore/ccsrc/plugin/res_manager/ascend/mbuf_manager/mbuf_receive_manager.cc (plugin/ascend/
+        res_manager/mbuf_manager/ on master)
   FS    mindspore/core/utils/system/file_system.cc
   PPP   mindspore/ccsrc/frontend/parallel/parallel_postprocessor.cc (DecorateDumpPathIfDumpOps)
   PTD   mindspore/ccsrc/frontend/parallel/graph_util/parallel_tensordump.cc
@@ -34,6 +35,10 @@ later files from the search index; /work/notes/issue8/FACTS.md quotes them):
   DMU   mindspore/ccsrc/debug/data_dump/dump_utils.cc
   UH    mindspore/ccsrc/debug/utils.h
   CSV   mindspore/ccsrc/include/backend/debug/common/csv_writer.h
+  TDT   mindspore/ccsrc/plugin/ascend/res_manager/mbuf_manager/tdt_manager.cc (OpenTsd)
+  ASC   mindspore/ccsrc/plugin/ascend/ascend_device_context.cc (context init, Initialize -> OpenTsd)
+  EV    the source of mindspore/ccsrc/include/utils/env_vars.h (GetDumpSliceSize, GetDumpWaitTime)
+  AAD   mindspore/ccsrc/backend/common/pass/other/add_attr_to_dump.cc (AddAttrToDump::Process)
 
 Limits (see docs/capture.md): the redistribution itself does not exist on one CPU, so
 only the ``_in`` naming and the gradient pairing are checked; the number format of
@@ -46,7 +51,7 @@ else depends on it.
 As a script it runs examples/run_tiny_llama.py with the emulated primitives:
 
     python tests/support/ascend_emulation.py [--parallel] [--latency S] [--slow-every N] \\
-        [--report FILE] -- <run_tiny_llama.py arguments>
+        [--report FILE] [--user-tensordump] -- <run_tiny_llama.py arguments>
 """
 
 from __future__ import annotations
@@ -135,6 +140,87 @@ class _Kbk:
         return self.cur_user_iter if self.user_step else self.cur_iter
 
 
+@dataclass
+class DeviceSettings:
+    """What the Ascend device side of the process is, for the emulated channel and context.
+
+    ``backend_policy``: ``MsContext::backend_policy()``; the Ascend plugin's context init sets "ge"
+    whenever the device target is Ascend (ASC MSCONTEXT_REGISTER_INIT_FUNC). ``soc_version``:
+    ``MsContext::ascend_soc_version()`` ("ascend910" is 910A: jit_level defaults to O2 there).
+    ``mbuf_limit_bytes``: the largest dataset the device can put on the channel in one piece
+    (CANN's OutfeedEnqueueOpV2 allocates device memory for it; not a MindSpore constant, so
+    a parameter here; None: no limit). ``op_timeout_s``: ``op_debug.execute_timeout`` (900 s).
+    """
+
+    backend_policy: str = "ge"
+    soc_version: str = "ascend910b"
+    mbuf_limit_bytes: Optional[int] = None
+    op_timeout_s: int = 900
+
+
+class TdtChannel:
+    """The ms_tensor_dump channel as TDT OpenTsd opens it and MBUF/EV size it (device side).
+
+    * TDT OpenTsd: the channel's MbufDataHandler is created only when ``backend_policy() ==
+      "ge"``; otherwise a TensorDump kernel's data has no receiver and nothing is written (what
+      CANN's kernel then does is not in MindSpore's sources: here the data is dropped).
+    * EV GetDumpSliceSize / GetDumpWaitTime: ``MS_DUMP_SLICE_SIZE`` (MB, 0..2048) and
+      ``MS_DUMP_WAIT_TIME`` (s, 0..600) are read once per process (static locals); a value that is
+      not an integer in range is ignored with a warning. MindSpore reads the slice size first when
+      the channel is created (MBUF MbufDataHandler: capacity 2, i.e. one dataset, when slicing),
+      here at construction.
+    * Without slicing a tensor travels as one dataset: larger than ``mbuf_limit_bytes`` the kernel
+      fails (MindSpore's TensorDump docstring: "operator execution fails" for large tensors; the
+      CANN acltdtGetSliceInfoFromItem page: the device memory for the data cannot be allocated).
+      With slicing (AAD AddAttrToDump sets slice_size = MB << 20, wait_time, slice_sync) it
+      travels in slices of at most that size, which the receiver joins (MBUF ProcessSliceTensor).
+    """
+
+    MAX_SLICE_MB, MAX_WAIT_S = 2048, 600
+
+    def __init__(self, environ: Dict[str, str], device: DeviceSettings):
+        self.device = device
+        self.open = device.backend_policy == "ge"
+        self.slice_bytes = _env_int(environ, "MS_DUMP_SLICE_SIZE", self.MAX_SLICE_MB) << 20
+        self.wait_s = _env_int(environ, "MS_DUMP_WAIT_TIME", self.MAX_WAIT_S)
+        self.slices_sent: List[int] = []  # per sliced tensor: how many slices it took
+
+    def host_wait_s(self) -> float:
+        # MBUF ReceiveOneDataset: 0 or more than op_timeout -> op_timeout; then one second less than the device.
+        wait = self.wait_s if 0 < self.wait_s <= self.device.op_timeout_s else self.device.op_timeout_s
+        return float(wait - 1 if wait > 1 else wait)
+
+    def accepts(self, nbytes: int) -> bool:
+        """Whether the kernel's data goes on the channel; raises where the kernel fails."""
+        if not self.open:
+            return False
+        limit = self.device.mbuf_limit_bytes
+        piece = min(nbytes, self.slice_bytes) if self.slice_bytes else nbytes
+        if limit is not None and piece > limit:
+            raise EmulatedMindSporeError(
+                f"OutfeedEnqueueOpV2 (TensorDump) failed: {piece} bytes in one dataset exceed the {limit} bytes the "
+                f"device can allocate for it (MS_DUMP_SLICE_SIZE={self.slice_bytes >> 20} MB)")
+        if self.slice_bytes and nbytes > self.slice_bytes:
+            self.slices_sent.append(-(-nbytes // self.slice_bytes))
+        return True
+
+
+def _env_int(environ: Dict[str, str], name: str, maximum: int) -> int:
+    # EV GetEnvIntValue: std::stoi; out of [0, maximum] or not a number -> warning, default 0.
+    text = environ.get(name, "")
+    if not text:
+        return 0
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= maximum:
+        logger.warning("Ignore environment variable %s's invalid value %s, valid value should be in range [0, %d].",
+                       name, text, maximum)
+        return 0
+    return value
+
+
 class AscendEmulator:
     """The emulated NPU side of one process (see the module docstring).
 
@@ -147,8 +233,10 @@ class AscendEmulator:
 
     def __init__(self, rank: int = 0, device_id: int = 0, parallel: bool = False, latency: float = 0.0,
                  slow_every: int = 0, slow_seconds: float = 0.0, shuffle: bool = False, seed: int = 0,
-                 csv_op_name_style: str = "raw", environ: Optional[Dict[str, str]] = None):
+                 csv_op_name_style: str = "raw", environ: Optional[Dict[str, str]] = None,
+                 device: Optional[DeviceSettings] = None):
         self.rank, self.device_id, self.parallel = rank, device_id, parallel
+        self.device = device or DeviceSettings()
         self.latency, self.slow_every, self.slow_seconds = latency, slow_every, slow_seconds
         self.shuffle, self.csv_op_name_style = shuffle, csv_op_name_style
         self.environ: Dict[str, str] = {} if environ is None else environ
@@ -168,9 +256,11 @@ class AscendEmulator:
         self._running = threading.Event()
         self._running.set()
         self.written_files: List[str] = []
+        self.dropped: List[str] = []  # items MindSpore's receiver dropped (slice mode, host too slow)
         self._launch_skip: Optional[str] = None
         self._kbk: Optional[_Kbk] = None
         self._kbk_parsed = False
+        self.tdt = TdtChannel(self.environ, self.device)  # device init: OpenTsd
         # MBUF MbufDataHandler: `thread_process_ = std::thread(&MbufDataHandler::ProcessData, this)`:
         # ONE thread pops the FIFO dataset queue and calls the handler for each dataset in turn.
         self._writer = threading.Thread(target=self._process_data, name="emulated-tensordump-writer", daemon=True)
@@ -183,7 +273,8 @@ class AscendEmulator:
             run_op_tensordump=self.run_op_tensordump, tensordump_python=self.tensordump_python,
             tensordump_set_step=self.tensordump_set_step, synchronize=self.synchronize,
             set_init_iter=self.set_init_iter, dump_step=self.dump_step,
-            make_marker_tensor=lambda: Tensor([0.0], ms.float32), environ=self.environ)
+            make_marker_tensor=lambda: Tensor([0.0], ms.float32), environ=self.environ,
+            backend_policy=lambda: self.device.backend_policy, soc_version=lambda: self.device.soc_version)
 
     # ------------------------------------------------------------------ graph stand-ins
     def tensordump(self, input_output: str = "out") -> Callable:
@@ -242,14 +333,15 @@ class AscendEmulator:
         On CPU the real call fails in kernel selection ("Unsupported op [TensorDump] on CPU"),
         which is how it is known to take the kernel path.
         """
-        self._enqueue(_Item(file, _host_array(tensor), _dtype_name(tensor), eager=True))
+        self._send(_Item(file, _host_array(tensor), _dtype_name(tensor), eager=True))
 
     def tensordump_python(self, file: str, tensor) -> None:
         """``ops.tensordump(file, t)`` eagerly: DCP `_tensordump_exec` -> Exec(..., kCallFromPython), synchronous.
 
-        From 2.7.2 TDC ExecTask calls ProcessFileName(tensor_name, data_type) without the mode, so
-        the filter is checked on the python counter and on the graph counter, and {step} is the
-        graph counter (probe_tensordump_steps.out: set_step([1,3]) + python marker writes nothing).
+        From 2.7.1 TDC ExecTask calls ProcessFileName(tensor_name, data_type) without the mode, so
+        the filter is checked on the python counter (GetTaskType) and on the graph counter, and
+        {step} is the graph counter; 2.7.0 used the python counter for both (measured on CPU with
+        2.7.0, 2.7.1, 2.7.2 and 2.9.0; test_the_emulated_python_path_tensordump_follows_the_installed_mindspore).
         """
         with self._exec_lock:
             self._exec(_Item(file, _host_array(tensor), _dtype_name(tensor), CALL_FROM_PYTHON), python_path=True)
@@ -346,7 +438,7 @@ class AscendEmulator:
             array = array.astype(_NUMPY_NAMES.get(launch.dtype, array.dtype.name), copy=False)
         if not self._is_skipped_launch("TensorDump"):
             # KA: LaunchKernel(context, IsSkippedLaunch(...)) -- a skipped kernel sends nothing.
-            self._enqueue(_Item(launch.name, array, launch.dtype))
+            self._send(_Item(launch.name, array, launch.dtype))
         self._kbk_post_launch(launch, array)  # KA PostLaunchKernel -> debug actor, skipped or not
         return x
 
@@ -356,6 +448,46 @@ class AscendEmulator:
         if self._launch_skip is None:
             self._launch_skip = self.environ.get("MS_KERNEL_LAUNCH_SKIP", "")
         return bool(self._launch_skip) and (self._launch_skip in ("all", "ALL") or self._launch_skip == op_type)
+
+    # ------------------------------------------------------------------ the device channel (TdtChannel)
+    def _send(self, item: _Item) -> None:
+        """A TensorDump kernel (OutfeedEnqueueOpV2) puts its tensor on the ms_tensor_dump channel."""
+        if not self.tdt.accepts(0 if item.array is None else item.array.nbytes):
+            return
+        self._enqueue(item)
+        if self.tdt.slice_bytes:
+            self._wait_for_sync()
+
+    def _wait_for_sync(self) -> None:
+        # MBUF ReceiveOneDataset, slice mode (kWaitForSync): after a whole tensor the receiver waits up to
+        # wait_time - 1 s for the process thread to write it; on timeout "all items in dataset queue will be
+        # dropped". The device kernel waits for the receiver meanwhile (channel capacity 1, second-stage wait).
+        deadline = time.monotonic() + self.tdt.host_wait_s()
+        with self._idle:
+            while self._pending and time.monotonic() < deadline:
+                self._idle.wait(max(deadline - time.monotonic(), 0.0))
+            if not self._pending:
+                return
+        dropped = self._drop_queued()
+        logger.warning("Channel ms_tensor_dump wait data sync to output dev timeout, %d items in dataset queue "
+                       "will be dropped", dropped)
+
+    def _drop_queued(self) -> int:
+        dropped = 0
+        while True:
+            try:
+                item = self._channel.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # close(): keep the writer's stop signal
+                self._channel.put(None)
+                break
+            dropped += 1
+            self.dropped.append(item.name)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+        return dropped
 
     # ------------------------------------------------------------------ channel and writer thread
     def _enqueue(self, item: _Item) -> None:
@@ -420,7 +552,7 @@ class AscendEmulator:
 
     def _array_name(self, tensor_path: str, data_type: str) -> str:
         # TDC TensorNameToArrayName: {step} -> step<graph counter> (the item's mode is the default
-        # kCallFromCXX for channel items, and from 2.7.2 for the python path too); {rank} -> rank<R>;
+        # kCallFromCXX for channel items, and from 2.7.1 for the python path too); {rank} -> rank<R>;
         # dtype lower-cased; a trailing ".npy" stripped; "{file}_{dtype}_{id}.npy" with the id of a
         # process-wide counter taken here, for written files only (FetchAddID).
         tensor_path = tensor_path.replace("{step}", f"step{self.step[CALL_FROM_CXX]}")
@@ -658,6 +790,14 @@ def _install(emulator: AscendEmulator) -> None:
     AscendPrimitives.from_mindspore = classmethod(lambda cls: emulator.primitives())
 
 
+def _install_user_tensordump(emulator: AscendEmulator) -> None:
+    """``P.TensorDump()`` of other code in the process (MindFormers' ``MFTrainOneStepCell`` dumps its training
+    monitor's ``finish_step`` and ``device_local_norm`` with it) builds the emulator's TensorDump stand-in."""
+    from mindspore.ops import operations
+
+    operations.TensorDump = lambda input_output="out": emulator.tensordump(input_output)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parallel", action="store_true", help="emulate a (semi-)auto parallel graph's naming")
@@ -665,11 +805,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--slow-every", type=int, default=7)
     parser.add_argument("--slow-seconds", type=float, default=0.02)
     parser.add_argument("--report", help="write the emulator's written files and counters here (JSON)")
+    parser.add_argument("--user-tensordump", action="store_true",
+                        help="other code's P.TensorDump() (MindFormers' training monitor) uses the emulation too")
     parser.add_argument("runner_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     emulator = AscendEmulator(parallel=args.parallel, latency=args.latency, slow_every=args.slow_every,
                               slow_seconds=args.slow_seconds)
     _install(emulator)
+    if args.user_tensordump:
+        _install_user_tensordump(emulator)
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
     sys.path.insert(0, examples)
     import run_tiny_llama

@@ -11,7 +11,8 @@ here may be imported by a backend directly, or it would escape the stand-in.
 
 Source abbreviations used in comments (MindSpore repository paths):
 TDC ``mindspore/ccsrc/tools/tensor_dump/tensordump.cc`` (``debug/dump/tensordump_control.cc``
-up to 2.7.0), DCP ``mindspore/ccsrc/pybind_api/utils/dump_control_py.cc``.
+up to 2.7.0), DCP ``mindspore/ccsrc/pybind_api/utils/dump_control_py.cc``, TDT
+``mindspore/ccsrc/plugin/ascend/res_manager/mbuf_manager/tdt_manager.cc``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class AscendPrimitives:
     dump_step: Callable[[int], None]  # _c_expression._dump_step
     make_marker_tensor: Callable[[], Any]  # the small tensor markers carry
     environ: MutableMapping[str, str] = field(default_factory=lambda: os.environ)
+    # MsContext::backend_policy(): TDT OpenTsd opens the TensorDump channel only under "ge".
+    backend_policy: Callable[[], str] = lambda: "ge"
+    soc_version: Callable[[], str] = lambda: ""  # MsContext ascend_soc_version(), e.g. "ascend910b"
 
     @classmethod
     def from_mindspore(cls) -> AscendPrimitives:
@@ -87,6 +91,8 @@ class AscendPrimitives:
             set_init_iter=init_iter,
             dump_step=dump_step,
             make_marker_tensor=lambda: Tensor([0.0], ms.float32),
+            backend_policy=_backend_policy,
+            soc_version=_soc_version,
         )
 
     # -- the process-wide count of update markers ------------------------------------
@@ -111,6 +117,30 @@ class AscendPrimitives:
         # The python-path counter serves eager TensorDump calls ({step} in PyNative code);
         # msprobe 26.2 and MindSpore's own hybrid test move it too.
         self.tensordump_python(UPDATE_STEP_FLAG, marker)
+
+
+def _backend_policy() -> str:
+    """``MsContext::backend_policy()``. The Ascend plugin's context init sets "ge" whenever the device
+    target is Ascend, and the device context's Initialize then calls OpenTsd
+    (``plugin/ascend/ascend_device_context.cc`` MSCONTEXT_REGISTER_INIT_FUNC,
+    ``AscendDeviceContext::Initialize``). A private getter: if it goes away, assume the Ascend default
+    rather than refuse."""
+    import mindspore as ms
+
+    try:
+        return str(ms.context._context()._context_handle.get_backend_policy())
+    except (AttributeError, RuntimeError, TypeError):
+        return "ge"
+
+
+def _soc_version() -> str:
+    """``MsContext::ascend_soc_version()`` ("ascend910" is 910A, "ascend910b" 910B1-4), "" if unknown."""
+    try:
+        from mindspore._c_expression import MSContext
+
+        return str(MSContext.get_instance().get_ascend_soc_version())
+    except (ImportError, AttributeError, RuntimeError):
+        return ""
 
 
 def _module(name: str, version: str):

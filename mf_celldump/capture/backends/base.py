@@ -42,7 +42,9 @@ class BackendContext:
     """What every backend works with: the configuration, the step state, the raw output.
 
     ``device`` is MindSpore's device target; ``primitives`` an ``AscendPrimitives`` given
-    by the caller of ``attach`` (tests, platforms without the kernels), else None.
+    by the caller of ``attach`` (tests, platforms without the kernels), else None;
+    ``networks`` the cell given to ``attach`` and the model inside it (where a cell's own
+    ``JitConfig`` is read).
     """
 
     config: DumpConfig
@@ -50,6 +52,7 @@ class BackendContext:
     writer: RawWriter
     device: str = "CPU"
     primitives: Optional[Any] = None
+    networks: Tuple[Any, ...] = ()
 
     @property
     def sink(self) -> RawSink:
@@ -186,6 +189,19 @@ class CaptureBackend:
         the step folder says when they are all there); the session then writes no step-done
         marker itself and processing waits for MindSpore's."""
         return False
+
+    @property
+    def writes_unselected(self) -> bool:
+        """True when MindSpore also writes the steps that are not selected (see ``last_unselected_step``)."""
+        return False
+
+    @property
+    def last_unselected_step(self) -> Optional[int]:
+        """The last step whose raw files MindSpore writes although it was not selected (another
+        TensorDump user keeps the process-wide step filter open), when no selected step ran
+        after it; processing deletes such files once MindSpore has finished them. None: nothing
+        of the kind to wait for."""
+        return None
 
     def setup(self, initial_step: int) -> None:
         """Called once at attach, before any compile. May raise ``BackendSetupError``."""

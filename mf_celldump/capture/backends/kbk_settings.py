@@ -14,6 +14,7 @@ import os
 from typing import List, MutableMapping, Tuple
 
 from mf_celldump.capture.backends.base import BackendSetupError
+from mf_celldump.capture.backends.compile_backend import CompileBackend
 from mf_celldump.config import IndexSelection
 
 logger = logging.getLogger(__name__)
@@ -107,28 +108,10 @@ def _read_json(path: str):
         return None
 
 
-def check_jit_level() -> None:
-    """Under jit_level O2 (GE) there is no kernel-by-kernel dump; MindSpore only warns (DJP ParseKernels)."""
-    if _jit_level() == "O2":
+def check_not_ge(choice: CompileBackend) -> None:
+    """Under GE (graph sink) there is no kernel-by-kernel dump; MindSpore only warns (DJP ParseKernels)."""
+    if choice.is_ge:
         raise BackendSetupError(
-            "the statistics task in Ascend graph mode uses MindSpore's kernel-by-kernel dump, which jit_level O2 "
-            "(the GE backend) does not have; set jit_level O0 or O1, or use task: tensor")
-
-
-def _jit_level() -> str:
-    """The graph jit level as msprobe 26.2 reads it (precision_debugger.py _get_execution_mode)."""
-    import mindspore as ms
-
-    level = ""
-    try:
-        level = ms.context.get_jit_config().get("jit_level") or ms.get_context("jit_level") or ""
-    except (AttributeError, ValueError, RuntimeError, TypeError):
-        pass
-    if level:
-        return str(level)
-    try:  # the default is O2 on Ascend 910A and O0 elsewhere
-        from mindspore._c_expression import MSContext
-
-        return "O2" if MSContext.get_instance().get_ascend_soc_version() == "ascend910" else "O0"
-    except (ImportError, AttributeError, RuntimeError):
-        return "O0"
+            f"the statistics task in Ascend graph mode uses MindSpore's kernel-by-kernel dump, which the GE backend "
+            f"does not have, and MindSpore would compile with GE: {choice.reason}. Set jit_level O0 or O1 (context "
+            "jit_config, or the network's JitConfig; launch with msrun rather than a rank table), or use task: tensor")

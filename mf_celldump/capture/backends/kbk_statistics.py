@@ -25,18 +25,31 @@ import mindspore as ms
 
 from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP, AscendPrimitives
 from mf_celldump.capture.backends.base import BackendModeError, BackendSetupError, PyNativeFace
+from mf_celldump.capture.backends.compile_backend import compile_backend
 from mf_celldump.capture.backends.kbk_settings import (
     check_dump_environment,
     check_dump_path,
-    check_jit_level,
+    check_not_ge,
     device_statistics,
     iteration_setting,
     remember_dump_config,
 )
 from mf_celldump.capture.backends.tensordump import TensorDumpBackend
+from mf_celldump.capture.backends.tensordump_process import LAUNCH_SKIP_ENV, foreign_users, note_launch_skip
 from mf_celldump.rawformat.manifest import COMPLETION_STEP_DONE, NUMBERING_GLOBAL
 
 logger = logging.getLogger(__name__)
+
+
+def _refuse_beside(others: List[str]) -> None:
+    """MS_KERNEL_LAUNCH_SKIP has no narrower form than an op type: skipping ours skips theirs."""
+    if others:
+        raise BackendSetupError(
+            f"{' and '.join(others)} use TensorDump in this process. The statistics task must skip every TensorDump "
+            "kernel of the process (MS_KERNEL_LAUNCH_SKIP=TensorDump: MindSpore has no narrower setting, and reads "
+            "it once per process), which would silence them for good; without the skip MindSpore would move and "
+            "write every captured tensor on every step. Turn them off for this run (MindFormers: "
+            "monitor_config.dump_path empty), or use task: tensor")
 
 
 class KbkStatisticsBackend(TensorDumpBackend):
@@ -83,8 +96,9 @@ class KbkStatisticsBackend(TensorDumpBackend):
             raise BackendModeError("the kbk_statistics backend works in Ascend graph mode only; use device_stats")
         self.primitives = self._given or AscendPrimitives.from_mindspore()
         self.graph_mode = True
-        check_jit_level()
         environ = self.primitives.environ
+        check_not_ge(compile_backend(self.context.networks, environ, self.primitives.soc_version))
+        _refuse_beside(foreign_users())
         self.context.writer.set_aside_kbk()
         kbk_dir = os.path.abspath(self.context.writer.kbk_dir())
         check_dump_path(kbk_dir, self.context.writer.dump_path)
@@ -94,9 +108,10 @@ class KbkStatisticsBackend(TensorDumpBackend):
         config_path = self.context.writer.kbk_config_path()
         remember_dump_config(environ, config_path, dump_config)
         self.context.writer.write_kbk_config(dump_config)
-        for name, value in (("MINDSPORE_DUMP_CONFIG", config_path), ("MS_KERNEL_LAUNCH_SKIP", "TensorDump")):
+        for name, value in (("MINDSPORE_DUMP_CONFIG", config_path), (LAUNCH_SKIP_ENV, "TensorDump")):
             self._saved_env[name] = environ.get(name)
             environ[name] = value
+        note_launch_skip(environ)
         try:  # parses the config now (DJP SetInitialIteration -> Parse): errors surface at attach
             self.primitives.set_init_iter(initial_step)
         except RuntimeError as err:
@@ -130,13 +145,16 @@ class KbkStatisticsBackend(TensorDumpBackend):
         """Nothing: the next ``begin_step`` re-pins the iteration."""
 
     def teardown(self) -> None:
-        # Hygiene only: MindSpore read both values already and keeps them for the process.
+        # MindSpore read both variables already and keeps them for the process (README, "Known
+        # limits"); restoring them only keeps them from a child process.
         environ = self.primitives.environ if self.primitives is not None else os.environ
         for name, value in self._saved_env.items():
             if value is None:
                 environ.pop(name, None)
             else:
                 environ[name] = value
+        if self._saved_env:
+            self.reopen_filter(())
         self._saved_env.clear()
 
     def pynative(self) -> PyNativeFace:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
@@ -31,6 +31,12 @@ from mindspore.ops.primitive import constexpr
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
+from mf_celldump.capture.backends.tensordump_process import (
+    advise_slicing,
+    check_channel,
+    check_tensordump_can_write,
+    foreign_users,
+)
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.rawformat.keys import (
     BACKWARD,
@@ -43,7 +49,7 @@ from mf_celldump.rawformat.keys import (
     kind_of_value,
 )
 from mf_celldump.rawformat.manifest import COMPLETION_TENSORDUMP, NUMBERING_GLOBAL, NUMBERING_GRAPH
-from mf_celldump.rawformat.names import raw_stem, td_done_stem
+from mf_celldump.rawformat.names import raw_stem, td_done_stem, td_skip_stem
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +65,21 @@ class TensorDumpBackend(CaptureBackend):
         self.steps: Optional[GraphStepMap] = None
         self._send_failed = False
         self._next_step: Optional[int] = None  # the step the previous one leads to
+        self.shared = False  # another TensorDump user needs every step: the filter stays open
+        self._last_unselected: Optional[int] = None
         self._face: Optional[TensorDumpPyNative] = None
 
     @property
     def writes_later(self) -> bool:
         return self.graph_mode
+
+    @property
+    def writes_unselected(self) -> bool:
+        return self.shared
+
+    @property
+    def last_unselected_step(self) -> Optional[int]:
+        return self._last_unselected
 
     def manifest_fields(self) -> dict:
         if not self.graph_mode:
@@ -75,15 +91,28 @@ class TensorDumpBackend(CaptureBackend):
         self.primitives = self._given or AscendPrimitives.from_mindspore()
         self.graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
         if not self.graph_mode:
-            # From 2.7.2 an eager TensorDump checks the process-wide step filter against the
+            # From 2.7.1 an eager TensorDump checks the process-wide step filter against the
             # graph counter too (TDC ExecTask -> ProcessFileName with the default mode): a
             # filter left by an earlier graph-mode capture would silently stop every file.
             self.primitives.tensordump_set_step([])
             return
+        check_channel(self.primitives.backend_policy())
+        check_tensordump_can_write(self.primitives.environ)
+        advise_slicing(self.primitives.environ)
         self._mark_forward_primitives()
         self.steps = GraphStepMap.start(self.config.steps, initial_step, self.primitives.updates_sent())
+        others = foreign_users()
+        self.shared = bool(others) and not self.config.steps.selects_all
+        if self.shared:
+            logger.warning(
+                "%s write TensorDump files on every step, and MindSpore's TensorDump step filter "
+                "(_tensordump_set_step) is one for the whole process: filtering steps=%s would silence them. "
+                "The filter stays open, so MindSpore writes this capture on every step and the files of steps "
+                "not selected are deleted once MindSpore has finished them. That costs the dump's time and disk "
+                "traffic on every step; to capture only the selected steps, turn them off for this run",
+                " and ".join(others), self.config.steps.describe())
         # Always set: the filter is process-wide and outlives an earlier capture of this process.
-        self.primitives.tensordump_set_step(self.steps.mindspore_filter())
+        self.primitives.tensordump_set_step([] if self.shared else self.steps.mindspore_filter())
 
     def _mark_forward_primitives(self) -> None:
         """``td_flag`` names the kernel by its file in the statistics dump (debug_actor.cc AscendKbkDump);
@@ -101,7 +130,8 @@ class TensorDumpBackend(CaptureBackend):
             return False
         logger.info("step %d begins at TensorDump graph step %d (not where the previous steps lead): "
                     "step folders re-mapped", step, self.primitives.updates_sent())
-        self.primitives.tensordump_set_step(self.steps.mindspore_filter())
+        if not self.shared:
+            self.primitives.tensordump_set_step(self.steps.mindspore_filter())
         return True
 
     def _check_consecutive(self, step: int) -> None:
@@ -145,22 +175,39 @@ class TensorDumpBackend(CaptureBackend):
             logger.warning("device synchronisation failed at the end of step %d: %s", step, err)
         if captured:
             self.steps.note_captured(step)
-            path = os.path.join(self.context.writer.placeholder_step_dir(), td_done_stem(step))
-            self._send(lambda: self.primitives.run_op_tensordump(path, self.primitives.make_marker_tensor()), step)
-        self._send(self.primitives.send_update_marker, step)
+        if captured or self.shared:  # shared: the files of a step not selected are deleted once this arrives
+            self._last_unselected = None if captured else step
+            stem = td_done_stem(step) if captured else td_skip_stem(step)
+            path = os.path.join(self.context.writer.placeholder_step_dir(), stem)
+            self._send(lambda: self.primitives.run_op_tensordump(path, self.primitives.make_marker_tensor()),
+                       f"the end of step {step}")
+        self._send(self.primitives.send_update_marker, f"the end of step {step}")
 
-    def _send(self, send: Callable[[], None], step: int) -> None:
+    def _send(self, send: Callable[[], None], when: str) -> None:
         try:
             send()
         except (RuntimeError, TypeError, ValueError) as err:
             if not self._send_failed:
                 self._send_failed = True
-                logger.error("could not launch TensorDump's step markers at the end of step %d (%s): MindSpore's "
-                             "step folders will not advance and captured steps will be reported missing", step, err)
+                logger.error("could not launch TensorDump's step markers at %s (%s): MindSpore's step folders will "
+                             "not advance and captured steps will be reported missing", when, err)
 
     def teardown(self) -> None:
-        if self.graph_mode and self.steps is not None:
-            self.primitives.tensordump_set_step(self.steps.final_filter())
+        if self.graph_mode and self.steps is not None and not self.shared:
+            self.reopen_filter(self.steps.captured_counters)
+
+    def reopen_filter(self, queued: Sequence[int]) -> None:
+        """Give the process-wide step filter back to everyone, as far as MindSpore allows.
+
+        MindSpore has no narrower setting and no way to read the filter, so at detach it is
+        set to: the graph steps in ``queued`` (their files may still be in MindSpore's queue)
+        plus every TensorDump from now on, made one graph step of its own by one more update
+        marker. Files still queued from steps not captured stay filtered out; other users'
+        TensorDumps are written again. Capture ops compiled into a graph that runs again after
+        detach write again too (into ``_raw``): MindSpore offers no way to stop only them.
+        """
+        self._send(self.primitives.send_update_marker, "detach")
+        self.primitives.tensordump_set_step(sorted(set(queued) | {self.primitives.updates_sent()}))
 
     def pynative(self) -> PyNativeFace:
         self._face = TensorDumpPyNative(self)

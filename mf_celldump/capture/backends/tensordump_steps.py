@@ -7,7 +7,8 @@ when a TensorDump with the file name ``<tensordump-update-step>`` runs
 end of every step, so while global step G runs, K = G - ``base``. MindSpore writes an
 item only if K is in the process-wide filter set by ``_tensordump_set_step`` (an empty
 list means every step; TDC ``NeedDump``), checked on its writer thread when the item is
-written, so values for steps whose data may still be queued are never dropped from it.
+written, so values for steps whose data may still be queued are never dropped from it
+(``captured_counters``; at detach the backend reopens the filter around them).
 """
 
 from __future__ import annotations
@@ -66,14 +67,6 @@ class GraphStepMap:
 
     def note_captured(self, step: int) -> None:
         self.captured_counters.append(self.counter_of(step))
-
-    def final_filter(self) -> List[int]:
-        """The filter after detach: only the captured steps, whose data may still be queued.
-
-        Compiled TensorDump ops keep running after detach (a compiled graph cannot be
-        changed); with this filter they write nothing more.
-        """
-        return sorted(set(self.captured_counters)) or [UNREACHABLE_STEP]
 
 
 def _counters(selection: IndexSelection, first_step: int, base: int) -> List[int]:
