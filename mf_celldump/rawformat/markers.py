@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from mf_celldump.config import short_repr
 from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
