@@ -144,6 +144,7 @@ def _reasons(store: Store) -> List[Dict[str, Any]]:
         "and reason like '%tensor unreadable%' group by kind"
     )
     out.extend({"kind": k, "class": "statistics_fallback", "count": n,
-                "reason": "a tensor file could not be read, compared on statistics (e.g. "
-                + example[example.find("statistics only:"):] + ")"} for k, n, example in fallback)
+                "reason": "compared on statistics: a tensor file could not be read (first: "
+                + example[example.find("statistics only:") + len("statistics only: "):] + ")"}
+               for k, n, example in fallback)
     return out

@@ -69,7 +69,7 @@ def measure_pair(
     if plan.partial and theirs is None:
         raise NotComparable(
             "statistics of a part of a fused tensor cannot be compared"
-            + (f" ({their_error})" if their_error else " (the baseline has no tensor data)")
+            + (f" (the baseline tensor: {their_error.why})" if their_error else " (the baseline has no tensor data)")
         )
     t_stats = stat_records.record_stats(record) if ours is None else stat_records.array_stats(ours)
     b_stats = stat_records.array_stats(theirs) if plan.partial else stat_records.record_stats(base_record)
@@ -89,11 +89,11 @@ def measure_pair(
 
 
 def _read(side: DumpSide, record: Mapping[str, Any]):
-    """(array or None, why it could not be read or "")."""
+    """(array or None, the error that kept it from being read or None)."""
     try:
-        return side.tensor(record), ""
+        return side.tensor(record), None
     except tensors.TensorFileError as err:
-        return None, str(err)
+        return None, err
 
 
 def _as_record(record: Mapping[str, Any], stats: Mapping[str, Optional[float]], computed: bool = False):

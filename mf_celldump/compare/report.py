@@ -26,7 +26,7 @@ DIRECTION_ORDER = f"case direction when '{FORWARD}' then 0 else 1 end"
 UNIT_ORDER = "coalesce(step, -1), rank"
 _TENSOR_COLUMNS = (
     "slot", "baseline_slot", "kind", "status", "basis", "cosine", "max_abs_err", "max_rel_err", "rel_err",
-    "stat_rel", "baseline_transform", "reason",
+    "stat_rel", "score", "baseline_transform", "reason",
 )
 METRIC_KEYS = ("slot", "cosine", "max_abs_err", "max_rel_err", "rel_err", "stat_rel")
 
@@ -51,7 +51,8 @@ class Divergence:
 
     @property
     def worst(self) -> Dict[str, Any]:
-        ranked = sorted(self.tensors, key=lambda t: (t["status"] != "diverged", _num(t.get("cosine"), 2.0)))
+        ranked = sorted(self.tensors, key=lambda t: (t["status"] != "diverged", t["kind"] != self.kind,
+                                                     _num(t.get("cosine"), 2.0), -_num(t.get("score"), 0.0)))
         return ranked[0] if ranked else {}
 
     @property

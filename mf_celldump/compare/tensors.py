@@ -15,7 +15,12 @@ import numpy as np
 
 
 class TensorFileError(ValueError):
-    """A tensor file is missing, outside the dump, or unreadable; the message names it."""
+    """A tensor file is missing, outside the dump, or unreadable; the message names it, ``why`` says
+    what is wrong without the path (for counting alike failures together)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path}: {why}")
+        self.why = why
 
 
 def data_path(data_dir: str, record: Mapping[str, Any]) -> Optional[str]:
@@ -24,17 +29,17 @@ def data_path(data_dir: str, record: Mapping[str, Any]) -> Optional[str]:
     if not isinstance(name, str) or not name or name == "-1":
         return None
     if os.sep in name or (os.altsep and os.altsep in name) or name in (".", ".."):
-        raise TensorFileError(f"data_name {name!r} is not a plain file name")
+        raise TensorFileError(f"data_name {name!r}", "is not a plain file name")
     path = os.path.join(data_dir, name)
     if os.path.islink(path) or os.path.islink(data_dir):  # a plain name can only leave through a link
-        raise TensorFileError(f"{path}: is a symlink; tensor files must be plain files inside {data_dir}")
+        raise TensorFileError(path, f"is a symlink; tensor files must be plain files inside {data_dir}")
     return path
 
 
 def load(path: str) -> np.ndarray:
     """The array in ``path``; bfloat16 and other torch-only dtypes come back as float32."""
     if not os.path.isfile(path):
-        raise TensorFileError(f"{path}: missing")
+        raise TensorFileError(path, "missing")
     try:
         if path.endswith(".pt"):
             return _load_pt(path)
@@ -42,9 +47,9 @@ def load(path: str) -> np.ndarray:
     except TensorFileError:
         raise
     except (OSError, ValueError, EOFError) as err:
-        raise TensorFileError(f"{path}: unreadable: {err}") from None
+        raise TensorFileError(path, f"unreadable: {err}") from None
     if array.dtype.kind not in "biuf":
-        raise TensorFileError(f"{path}: holds {array.dtype} values, not numbers")
+        raise TensorFileError(path, f"holds {array.dtype} values, not numbers")
     return array
 
 
@@ -52,13 +57,13 @@ def _load_pt(path: str) -> np.ndarray:
     try:
         import torch
     except ImportError:
-        raise TensorFileError(f"{path}: reading PyTorch .pt files needs torch installed") from None
+        raise TensorFileError(path, "reading PyTorch .pt files needs torch installed") from None
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a bad file; all mean "unreadable"
-        raise TensorFileError(f"{path}: unreadable: {type(err).__name__}: {err}") from None
+        raise TensorFileError(path, f"unreadable: {type(err).__name__}: {err}") from None
     if not isinstance(value, torch.Tensor):
-        raise TensorFileError(f"{path}: holds {type(value).__name__}, not a tensor")
+        raise TensorFileError(path, f"holds {type(value).__name__}, not a tensor")
     if value.dtype in (torch.bfloat16, torch.float16) or not value.dtype.is_floating_point:
         value = value.float() if value.dtype.is_floating_point else value
     return value.detach().cpu().numpy()

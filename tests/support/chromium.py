@@ -43,6 +43,16 @@ def find_chromium() -> Optional[str]:
     return None
 
 
+def needs_chromium(test):
+    """Skip a test, saying why, where no Chromium is installed."""
+    import pytest
+
+    return pytest.mark.skipif(
+        find_chromium() is None,
+        reason="headless Chromium not installed (Debian: apt-get install -y chromium chromium-driver; .ci/run does)",
+    )(test)
+
+
 class BrowserError(RuntimeError):
     pass
 
