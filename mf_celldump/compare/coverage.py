@@ -68,7 +68,7 @@ class Part:
         return self.baseline_used / self.baseline_tensors if self.baseline_tensors else 0.0
 
     def to_json(self) -> Dict[str, Any]:
-        return dict(asdict(self), label=self.label, fraction=round(self.fraction, 4),
+        return dict(asdict(self), label=self.label, comparable=self.comparable, fraction=round(self.fraction, 4),
                     comparable_fraction=round(self.comparable_fraction, 4),
                     baseline_fraction=round(self.baseline_fraction, 4))
 

@@ -39,16 +39,17 @@ def json_number(value: Any) -> Any:
     return value
 
 
-def _clean(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
+    """``value`` with every number JSON can hold (see :func:`json_number`), dict keys as text."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_ready(v) for v in value]
     return json_number(value)
 
 
 def report_data(store: Store, result: CompareResult) -> Dict[str, Any]:
-    from mf_celldump.compare.summary import advice, crc_lines, headline, weight_lines  # summary imports this
+    from mf_celldump.compare.summary import crc_lines, header, weight_lines  # the summary imports this module
 
     request, first = result.request, result.first
     step, rank = (first.step, first.rank) if first else (result.units[0]["step"], result.units[0]["rank"])
@@ -56,15 +57,9 @@ def report_data(store: Store, result: CompareResult) -> Dict[str, Any]:
     data = {
         "tool": f"mf-celldump {__version__}",
         "generated": datetime.datetime.now().isoformat(timespec="seconds"),
-        "target": request.target,
-        "baseline": request.baseline,
-        "frameworks": list(result.frameworks),
-        "tasks": list(result.tasks),
-        "mapping": list(result.mapping_sources),
-        "verdict": result.verdict,
-        "headline": headline(result),
-        "advice": advice(result),
-        "findings": [line for line in weight_lines(result) if " DIFFER" in line],
+        **header(result),
+        "findings": [line for line in weight_lines(result)
+                     if line.startswith("WEIGHTS DIFFER") or (" DIFFER" in line and first is None)],
         "notes": crc_lines(result.crc),
         "units": result.units,
         "unpaired": result.unpaired,
@@ -78,7 +73,7 @@ def report_data(store: Store, result: CompareResult) -> Dict[str, Any]:
         "table": pair_table(store),
         "csv": result.csv_path,
     }
-    return _clean(data)
+    return json_ready(data)
 
 
 def _layers(store: Store, step, rank) -> Dict[str, List[Dict[str, Any]]]:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from mf_celldump.compare.coverage import Coverage, Part
 from mf_celldump.compare.engine import DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult
 from mf_celldump.compare.pairing import WEIGHT, WEIGHT_GRAD
-from mf_celldump.compare.report_data import json_number
+from mf_celldump.compare.report_data import json_ready
 
 REASON_LINES = 8
 _CLASS_NAMES = {"no_partner": "no partner", "by_design": "by design", "not_comparable": "not comparable"}
@@ -23,16 +23,9 @@ def plain(value):
     return str(value)
 
 
-def _json_safe(value):
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return json_number(value)
-
-
-def to_json(result: CompareResult, code: int) -> dict:
-    return _json_safe({
+def header(result: CompareResult) -> Dict[str, Any]:
+    """What was compared and what came of it, as every output states it first."""
+    return {
         "target": result.request.target,
         "baseline": result.request.baseline,
         "frameworks": list(result.frameworks),
@@ -41,6 +34,12 @@ def to_json(result: CompareResult, code: int) -> dict:
         "verdict": result.verdict,
         "headline": headline(result),
         "advice": advice(result),
+    }
+
+
+def to_json(result: CompareResult, code: int) -> dict:
+    return json_ready({
+        **header(result),
         "units": result.units,
         "unpaired": result.unpaired,
         "coverage": result.coverage.to_json(),

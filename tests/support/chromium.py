@@ -186,3 +186,29 @@ class Page:
         data = self.browser.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": False},
                                  session=self.session)["data"]
         return base64.b64decode(data)
+
+
+def main(argv=None) -> int:
+    """``python -m tests.support.chromium PAGE.html OUT.png [--height N]``: a screenshot of a page
+    (how docs/compare-report-w3.png was made)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("page")
+    parser.add_argument("out")
+    parser.add_argument("--height", type=int, default=1800)
+    args = parser.parse_args(argv)
+    with Browser() as browser:
+        page = browser.open("file://" + os.path.abspath(args.page))
+        browser.call("Emulation.setDeviceMetricsOverride",
+                     {"width": 1300, "height": args.height, "deviceScaleFactor": 1, "mobile": False},
+                     session=page.session)
+        if page.errors:
+            raise SystemExit(f"the page logged errors: {page.errors}")
+        with open(args.out, "wb") as handle:
+            handle.write(page.screenshot())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -62,7 +62,10 @@
     if (reasons.length) {
       s.appendChild(el('h3', {text: 'Not compared, by reason'}));
       var ul = el('ul');
-      reasons.forEach(function (r) { ul.appendChild(el('li', null, [el('b', {text: String(r.count)}), ' [' + r['class'] + ', ' + r.kind + '] ' + r.reason])); });
+      reasons.forEach(function (r) {
+        var cls = r['class'].replace(/_/g, ' ');
+        ul.appendChild(el('li', null, [el('b', {text: String(r.count)}), ' [' + cls + ', ' + r.kind + '] ' + r.reason]));
+      });
       s.appendChild(ul);
     }
   }
@@ -147,7 +150,7 @@
     ['forward', 'backward'].forEach(function (dir) { s.appendChild(chartPanel(dir, L, series)); });
   }
   function chartPanel(dir, L, series) {
-    var W = 1200, H = 230, left = 60, right = 12, top = 14, bottom = 70, n = L.labels.length;
+    var W = 1200, H = 230, left = 110, right = 12, top = 14, bottom = 70, n = L.labels.length;
     var pts = L[dir] || [], lo = 1e-9, hi = 1;
     series.forEach(function (sr) { if (sr[3] > 0) { lo = Math.min(lo, sr[3] / 10); hi = Math.max(hi, sr[3]); }
       pts.forEach(function (r) { var v = num(sr[1](r)); if (v !== null && isFinite(v) && v > 0) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
