@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Iterator
 
-from mf_celldump.fsutil import atomic_write_bytes
+from mf_celldump.fsutil import write_new_text
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
@@ -26,14 +26,48 @@ def _asset(name: str) -> str:
         return handle.read()
 
 
-def render_html(data: Dict[str, Any]) -> str:
-    """The page for ``data`` (JSON-ready, as :func:`report_data.report_data` returns it)."""
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+_ROWS = "@@table rows@@"
+ROW_BATCH = 200  # rows encoded at a time
+
+
+def _json(value: Any) -> str:
     # inside <script>, "</" could end the block and "<!--" open a comment: escape them
-    payload = payload.replace("</", "<\\/").replace("<!--", "<\\u0021--")
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
+
+
+def page_chunks(data: Dict[str, Any]) -> Iterator[str]:
+    """The page for ``data`` (JSON-ready, as :func:`report_data.report_data` returns it), in pieces:
+    the rows of ``data["table"]["rows"]`` (any iterable of lists) are written one at a time."""
+    table = data.get("table") or {}
+    rows = table.get("rows", [])
+    payload = _json({**data, "table": {**table, "rows": _ROWS}}) if table else _json(data)
     page = _asset("report.html").replace("{{style}}", _asset("report.css")).replace("{{script}}", _asset("report.js"))
-    return page.replace("{{data}}", payload)
+    before_data, _, after_data = page.partition("{{data}}")
+    before_rows, marker, after_rows = payload.partition(json.dumps(_ROWS))
+    yield before_data + before_rows
+    if marker:
+        yield "["
+        batch, first = [], True
+        for row in rows:
+            batch.append(row)
+            if len(batch) == ROW_BATCH:
+                yield ("" if first else ",") + _json(batch)[1:-1]
+                batch, first = [], False
+        if batch:
+            yield ("" if first else ",") + _json(batch)[1:-1]
+        yield "]"
+    yield after_rows + after_data
+
+
+def render_html(data: Dict[str, Any]) -> str:
+    return "".join(page_chunks(data))
 
 
 def write_html(path: str, data: Dict[str, Any]) -> None:
-    atomic_write_bytes(path, render_html(data).encode("utf-8"), fsync=False)
+    """Write the page beside ``path`` and rename it into place (never seen half-written)."""
+    partial = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.partial")
+    if os.path.lexists(partial):  # left by an interrupted run of ours
+        os.unlink(partial)
+    write_new_text(partial, page_chunks(data))
+    os.replace(partial, path)

@@ -11,8 +11,9 @@ ranks x layers data (shards merged or not) can be drawn by the same page.
 from __future__ import annotations
 
 import datetime
+import heapq
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from mf_celldump.compare.pairing import ACTIVATION
 from mf_celldump.compare.plot import dominant_limits
@@ -41,6 +42,8 @@ def json_number(value: Any) -> Any:
 
 def json_ready(value: Any) -> Any:
     """``value`` with every number JSON can hold (see :func:`json_number`), dict keys as text."""
+    if isinstance(value, TableRows):
+        return value
     if isinstance(value, dict):
         return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -114,16 +117,29 @@ def heatmap(store: Store) -> Optional[Dict[str, Any]]:
             "metric": "largest metric / threshold (above 1: diverged)", "threshold": 1.0}
 
 
+class TableRows:
+    """The rows of the pair table, streamed from the store when the page is written (memory stays at one
+    row): every diverged pair (up to ``MAX_TABLE_ROWS``), then the others, merged in execution order
+    (``n``)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def __iter__(self) -> Iterator[List[Any]]:
+        columns = ", ".join(TABLE_COLUMNS)
+        numbered = (f"select row_number() over (order by {UNIT_ORDER}, {DIRECTION_ORDER}, pos) as n, {columns} "
+                    "from pairs")
+        diverged = self.store.query("select count(*) from pairs where status = 'diverged'")[0][0]
+        kept = min(diverged, MAX_TABLE_ROWS)
+        first = self.store.db.execute(
+            f"select * from ({numbered}) where status = 'diverged' order by n limit ?", (kept,))
+        rest = self.store.db.execute(
+            f"select * from ({numbered}) where status != 'diverged' order by n limit ?", (MAX_TABLE_ROWS - kept,))
+        for row in heapq.merge(first, rest, key=lambda r: r[0]):
+            yield [v if type(v) is not float or v - v == 0.0 else json_number(v) for v in row]  # Inf, NaN
+
+
 def pair_table(store: Store) -> Dict[str, Any]:
-    """Rows of the table: ``n`` is the execution order; diverged pairs are always included."""
+    """The table of pairs: ``n`` is the execution order; ``rows`` stream (:class:`TableRows`)."""
     total = store.query("select count(*) from pairs")[0][0]
-    columns = ", ".join(TABLE_COLUMNS)
-    numbered = (f"select row_number() over (order by {UNIT_ORDER}, {DIRECTION_ORDER}, pos) as n, {columns} "
-                "from pairs")
-    rows = store.query(f"select * from ({numbered}) where status = 'diverged' order by n limit ?",
-                       (MAX_TABLE_ROWS,))
-    if len(rows) < MAX_TABLE_ROWS:
-        rows += store.query(f"select * from ({numbered}) where status != 'diverged' order by n limit ?",
-                            (MAX_TABLE_ROWS - len(rows),))
-    rows.sort(key=lambda r: r[0])
-    return {"columns": ["n", *TABLE_COLUMNS], "rows": [list(r) for r in rows], "total": total}
+    return {"columns": ["n", *TABLE_COLUMNS], "rows": TableRows(store), "total": total}

@@ -9,6 +9,7 @@ that folder may be a symlink (the only way a plain name could lead outside the d
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -43,7 +44,7 @@ def load(path: str) -> np.ndarray:
     try:
         if path.endswith(".pt"):
             return _load_pt(path)
-        array = np.load(path, allow_pickle=False)
+        array = _load_npy(path)
     except TensorFileError:
         raise
     except (OSError, ValueError, EOFError) as err:
@@ -51,6 +52,34 @@ def load(path: str) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         raise TensorFileError(path, f"holds {array.dtype} values, not numbers")
     return array
+
+
+# The header of a version 1-3 .npy file holding a plain array of numbers, as numpy writes it
+# (numpy/lib/format.py: a dict literal with descr, fortran_order, shape).
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER = re.compile(
+    r"^\{'descr': '([<>|=][biuf][0-9]+)', 'fortran_order': (True|False), 'shape': \(([0-9, ]*)\), \} *\n$"
+)
+
+
+def _load_npy(path: str) -> np.ndarray:
+    """A .npy file of numbers, its header parsed by a regular expression (numpy's own parser evaluates
+    it as a Python literal, the larger part of the time for small tensors); any other header goes to
+    ``np.load(allow_pickle=False)``. Nothing is ever unpickled."""
+    with open(path, "rb") as handle:
+        prefix = handle.read(10)
+        if len(prefix) == 10 and prefix[:6] == _NPY_MAGIC and prefix[6] == 1:
+            size = int.from_bytes(prefix[8:10], "little")
+            match = _NPY_HEADER.match(handle.read(size).decode("latin1"))
+            if match:
+                descr, fortran, dims = match.groups()
+                shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+                count = int(np.prod(shape)) if shape else 1
+                array = np.fromfile(handle, dtype=np.dtype(descr), count=count)
+                if array.size != count:
+                    raise ValueError(f"{count} values expected, {array.size} found")
+                return array.reshape(shape, order="F" if fortran == "True" else "C")
+    return np.load(path, allow_pickle=False)
 
 
 def _load_pt(path: str) -> np.ndarray:
