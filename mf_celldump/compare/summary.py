@@ -216,6 +216,10 @@ def weight_lines(result: CompareResult) -> List[str]:
         if not info.get("diverged"):
             lines.append(f"{label.lower()}: {compared} compared, all within thresholds")
             continue
+        if kind == WEIGHT_GRAD and result.first is not None:
+            lines.append(f"{label.lower()}: {info['diverged']} of {compared} differ, after the divergent "
+                         "computation above")
+            continue
         first = info["first"]
         worst = first["metrics"]
         when = "at step start" if kind == WEIGHT else "in the backward pass"
