@@ -1,6 +1,6 @@
 """End to end, real parts: Megatron-core GPTModel (msprobe's PyTorch dump) against MindFormers' LLaMA.
 
-One module-scoped fixture builds every dump once (about 40 s on 2 cores):
+One module-scoped fixture builds every dump once (about 1 minute on an idle 2-core machine, 2-3 under load):
 * ``meg``: a tiny Megatron-core GPTModel on CPU, one step dumped by msprobe's PyTorch dumper
   (tests/support/megatron_gpt.py, CPU remedies on the test side only);
 * ``ours/*``: the MindFormers legacy LLaMA with weights converted from it, batch 2, dumped by
