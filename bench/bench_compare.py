@@ -7,18 +7,23 @@ baseline by a small perturbation from the middle layer on. Each command runs in 
 process, ``--repeat`` times interleaved (fastest wall time kept; the machine may be
 shared); peak RSS is the process's VmHWM (msprobe: with its worker children).
 
-* ours     ``mf-celldump compare TARGET BASELINE -o OUT --json`` (CSV + PNG included)
+* ours     ``mf-celldump compare TARGET BASELINE -o OUT --json`` (CSV, PNG and report.html included)
 * msprobe  ``msprobe compare -tp TARGET/step0 -gp BASELINE/step0 -o OUT`` (its CSV)
+* previous (``--previous CHECKOUT``) the same command run from another checkout of mf_celldump
 
-Run from the repository root:
+Run from the repository root; one command gives the table (printed and in
+``bench/results/compare-DATE.md``) and the JSON (``compare-DATE.json``, with the load average
+before and after):
 
-    python bench/bench_compare.py                         # sizes 2000 and 10000, msprobe on both
-    python bench/bench_compare.py --sizes 100000 --no-msprobe   # memory at 100k files per dump
+    python bench/bench_compare.py                                   # 2000, 10000 beside msprobe; 30000, 100000 ours
+    python bench/bench_compare.py --previous ../main                # and the code of another checkout, same run
+    python bench/bench_compare.py --sizes 2000 --memory-sizes       # quick
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import resource
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -43,6 +49,7 @@ CELLS = (
     "mlp.w3",
     "mlp.w2",
 )
+HERE = os.path.dirname(os.path.abspath(__file__))
 MSPROBE = (
     "import sys, mindspore\nfrom msprobe.msprobe import main\nsys.argv = ['msprobe'] + sys.argv[1:]\nmain()"
 )
@@ -104,11 +111,11 @@ def _entry(data_dir: str, name: str, array: np.ndarray, layer: int) -> dict:
     return body
 
 
-def run(command, cwd: str) -> dict:
+def run(command, cwd: str, env: Optional[dict] = None) -> dict:
     """Wall time and peak RSS (this child and its children) of one command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if proc.returncode not in (0, 1):
@@ -120,40 +127,31 @@ def run(command, cwd: str) -> dict:
     }
 
 
-def measure(root: str, size: int, repeat: int, with_msprobe: bool) -> dict:
+def commands(root: str, with_msprobe: bool, previous: Optional[str]) -> Dict[str, Tuple[list, Optional[dict]]]:
+    """tool -> (command, environment); ``previous``: a checkout of mf_celldump run as tool ``previous``."""
     target, baseline = os.path.join(root, "target"), os.path.join(root, "baseline")
-    commands = {
-        "ours": [
-            sys.executable,
-            "-m",
-            "mf_celldump.cli",
-            "compare",
-            target,
-            baseline,
-            "-o",
-            os.path.join(root, "out_ours"),
-            "--json",
-        ]
-    }
+    ours = [sys.executable, "-m", "mf_celldump.cli", "compare", target, baseline, "--json", "-o"]
+    out = {"ours": ([*ours, os.path.join(root, "out_ours")], None)}
+    if previous:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(previous))
+        out["previous"] = ([*ours, os.path.join(root, "out_previous")], env)
     if with_msprobe:
-        commands["msprobe"] = [
-            sys.executable,
-            "-c",
-            MSPROBE,
-            "compare",
-            "-tp",
-            os.path.join(target, "step0"),
-            "-gp",
-            os.path.join(baseline, "step0"),
-            "-o",
-            os.path.join(root, "out_msprobe"),
-        ]
+        out["msprobe"] = (
+            [sys.executable, "-c", MSPROBE, "compare", "-tp", os.path.join(target, "step0"),
+             "-gp", os.path.join(baseline, "step0"), "-o", os.path.join(root, "out_msprobe")],
+            None,
+        )
+    return out
+
+
+def measure(root: str, size: int, repeat: int, with_msprobe: bool, previous: Optional[str] = None) -> dict:
     best: dict = {}
-    for _ in range(repeat):
-        for tool, command in commands.items():  # separate processes: RUSAGE_CHILDREN is per-parent max
+    for _ in range(repeat):  # interleaved, so a load change hits every tool alike
+        for tool, (command, env) in commands(root, with_msprobe, previous).items():
+            # one measuring process per command: RUSAGE_CHILDREN is the largest child of a parent
             result = json.loads(
                 subprocess.run(
-                    [sys.executable, __file__, "--one", json.dumps(command)],
+                    [sys.executable, __file__, "--one", json.dumps([command, env])],
                     capture_output=True,
                     text=True,
                     cwd=root,
@@ -169,33 +167,82 @@ def measure(root: str, size: int, repeat: int, with_msprobe: bool) -> dict:
     }
     if "msprobe" in best:
         row["speedup"] = round(best["msprobe"]["wall_s"] / best["ours"]["wall_s"], 2)
+    if "previous" in best:
+        row["ours_vs_previous"] = round(best["ours"]["wall_s"] / best["previous"]["wall_s"], 2)
     return row
+
+
+def machine() -> dict:
+    import platform
+
+    versions = {}
+    for name in ("mindstudio-probe", "numpy", "pandas", "matplotlib"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(), "versions": versions}
+
+
+def table(rows: List[dict]) -> str:
+    """The rows as the markdown table of bench/README.md."""
+    lines = ["| files per dump | ours (s) | msprobe (s) | **msprobe / ours** | ours peak RSS (MB) | "
+             "msprobe peak RSS (MB) | previous (s) | ours / previous |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        speedup = f"**{r['speedup']}x**" if "speedup" in r else "-"
+        lines.append(
+            f"| {r['files_per_dump']:,} | {r['ours_wall_s']} | {r.get('msprobe_wall_s', '-')} | {speedup} | "
+            f"{r['ours_peak_rss_mb']:.0f} | {r.get('msprobe_peak_rss_mb', '-')} | {r.get('previous_wall_s', '-')} | "
+            f"{r.get('ours_vs_previous', '-')} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 10000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[2000, 10000],
+                        help="files per dump compared beside msprobe (default: 2000 10000)")
+    parser.add_argument("--memory-sizes", type=int, nargs="*", default=[30000, 100000],
+                        help="files per dump for ours alone, the memory bound (default: 30000 100000)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--no-msprobe", action="store_true")
+    parser.add_argument("--previous", metavar="CHECKOUT", default=None,
+                        help="also time another checkout of mf_celldump (e.g. main) in the same run")
+    parser.add_argument("--results", default=os.path.join(HERE, "results"),
+                        help="folder for compare-DATE.json and .md (default: bench/results)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run(json.loads(args.one), os.getcwd())))
+        command, env = json.loads(args.one)
+        print(json.dumps(run(command, os.getcwd(), env)))
         return 0
-    rows = []
-    for size in args.sizes:
+    report = {"before": machine(), "rows": []}
+    plan = [(size, not args.no_msprobe, args.repeat) for size in args.sizes]
+    plan += [(size, False, 1) for size in args.memory_sizes]
+    for size, with_msprobe, repeat in plan:
         work = tempfile.mkdtemp(prefix="bench_compare_", dir=args.work)
         try:
             start = time.perf_counter()
             write_pair(work, size)
             print(f"wrote 2 x {size} files in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-            rows.append(measure(work, size, args.repeat, not args.no_msprobe))
-            print(json.dumps(rows[-1]), flush=True)
+            report["rows"].append(measure(work, size, repeat, with_msprobe, args.previous))
+            print(json.dumps(report["rows"][-1]), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    report["after"] = machine()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    os.makedirs(args.results, exist_ok=True)
+    with open(os.path.join(args.results, f"compare-{stamp}.json"), "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=1)
+    text = table(report["rows"])
+    with open(os.path.join(args.results, f"compare-{stamp}.md"), "w", encoding="utf-8") as handle:
+        handle.write(f"{report['before']}\n\n{text}\n\n{report['after']}\n")
+    print(text)
     return 0
 
 

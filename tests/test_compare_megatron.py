@@ -1,12 +1,14 @@
 """End to end, real parts: Megatron-core GPTModel (msprobe's PyTorch dump) against MindFormers' LLaMA.
 
-One module-scoped fixture builds every dump once (about 40 s on 2 cores):
+One module-scoped fixture builds every dump once (about 1 minute on an idle 2-core machine, 2-3 under load):
 * ``meg``: a tiny Megatron-core GPTModel on CPU, one step dumped by msprobe's PyTorch dumper
   (tests/support/megatron_gpt.py, CPU remedies on the test side only);
 * ``ours/*``: the MindFormers legacy LLaMA with weights converted from it, batch 2, dumped by
   mf_celldump's public API (tests/support/megatron_llama.py): ``clean``, ``clean2`` (a second run),
   ``perturb`` (layer 1's ``wo`` weight x1.05), ``nan`` (one NaN in layer 1's ``w2`` weight),
-  ``stats`` / ``nanstats`` (statistics task);
+  ``w3`` (one element of layer 1's ``w3`` weight changed: its output's Mean moves by 2.4%, Max,
+  Min and Norm by less than 1e-5), ``rope`` (RoPE theta 5000 on our side),
+  ``stats`` / ``nanstats`` / ``w3stats`` (statistics task);
 * ``msprobe_ms``: msprobe's own MindSpore L0 dump of the same LLaMA step;
 * ``meg_stats``: the Megatron step again, dumped by msprobe with the statistics task.
 """
@@ -23,6 +25,7 @@ import sys
 import pytest
 
 from mf_celldump.cli import main as celldump_main
+from tests.support.chromium import Browser, needs_chromium
 from tests.support.msprobe_cli import run_msprobe
 
 pytestmark = pytest.mark.slow
@@ -57,6 +60,9 @@ def dumps(tmp_path_factory):
         "nan:nan",
         "stats:clean:statistics",
         "nanstats:nan:statistics",
+        "w3:w3",
+        "w3stats:w3:statistics",
+        "rope:rope",
     ]
     ours = _run(
         [
@@ -124,7 +130,7 @@ def _expected_pairs():
     return pairs
 
 
-def test_msprobe_compare_pairs_every_module_with_the_bundled_file(dumps, tmp_path):
+def test_msprobe_compare_pairs_every_module_with_the_bundled_file(dumps, capsys, tmp_path):
     mapping = os.path.join(REPO, "layer_mapping", "llama.yaml")
     run_msprobe(
         "compare",
@@ -139,7 +145,8 @@ def test_msprobe_compare_pairs_every_module_with_the_bundled_file(dumps, tmp_pat
     )
     (result,) = glob.glob(str(tmp_path / "compare_result_*.csv"))
     with open(result, newline="") as handle:
-        rows = {row["NPU Name"]: row["Bench Name"] for row in csv.DictReader(handle)}
+        table = list(csv.DictReader(handle))
+    rows = {row["NPU Name"]: row["Bench Name"] for row in table}
     missing = []
     for ours, theirs in _expected_pairs().items():
         for direction, slot in (("forward", "output.0"), ("backward", "input.0")):
@@ -149,6 +156,15 @@ def test_msprobe_compare_pairs_every_module_with_the_bundled_file(dumps, tmp_pat
     assert not missing, missing
     paired = sum(1 for bench in rows.values() if bench != "N/A")
     assert paired >= 100, paired
+    # where we pair the same two tensors, our msprobe_result is msprobe's Result (every cross-framework
+    # row is an error there: Float32 against torch.float32, [b, s, h] against [s, b, h])
+    _, ours = compare(capsys, dumps["ours"] / "clean", dumps["meg"], tmp_path / "ours", "--mapping", "llama")
+    with open(ours["csv"], newline="") as handle:
+        mine = {(f"{r['entry']}.{r['slot']}", f"{r['baseline_entry']}.{r['baseline_slot']}"): r
+                for r in csv.DictReader(handle) if r["kind"] == "activation" and r["status"] != "skipped"}
+    same = [(row, mine[(row["NPU Name"], row["Bench Name"])]) for row in table
+            if (row["NPU Name"], row["Bench Name"]) in mine]
+    assert len(same) > 50 and all(r["msprobe_result"] == row["Result"] == "error" for row, r in same)
 
 
 def test_no_divergence_against_megatron(dumps, capsys, tmp_path):
@@ -159,16 +175,26 @@ def test_no_divergence_against_megatron(dumps, capsys, tmp_path):
     compared = [r for r in rows if r["status"] != "skipped"]
     assert compared and all(float(r["cosine"]) >= 0.99999 for r in compared)
     fused = {
-        (r["cell"].rpartition(".")[2], r["direction"], r["slot"])
+        (r["cell"].rpartition(".")[2], r["kind"], r["direction"], r["slot"])
         for r in compared
-        if r["transform"] and "split" in r["transform"]
+        if r["baseline_transform"] and "split" in r["baseline_transform"]
     }
-    for cell in ("wq", "wk", "wv", "w3"):  # forward output and gradient w.r.t. it, split from linear_qkv/fc1
-        assert {(cell, "forward", "output.0"), (cell, "backward", "input.0")} <= fused
-    assert ("w1", "forward", "output.0") in fused  # after SiLU
+    for cell in ("wq", "wk", "wv", "w3", "w1"):  # split from linear_qkv / linear_fc1, weights by rows
+        assert {(cell, "weight", "forward", "param.weight"), (cell, "weight_grad", "backward", "param.weight")} <= fused
+    for cell in ("wq", "wk", "wv", "w3"):  # forward output and gradient w.r.t. it
+        assert {(cell, "activation", "forward", "output.0"), (cell, "activation", "backward", "input.0")} <= fused
+    assert ("w1", "activation", "forward", "output.0") in fused  # after SiLU
     cells = {r["cell"] for r in compared}
     assert {"model", "model.tok_embeddings", "model.norm_out", "lm_head", "model.layers.1"} <= cells
     assert os.path.getsize(result["plot"]) > 10000
+    # every weight and weight gradient is compared, the embedding's whatever its name
+    for kind in ("weight", "weight_grad"):
+        assert (result["weights"][kind]["ok"], result["weights"][kind]["diverged"]) == (21, 0), kind
+    embedding = next(r for r in compared if r["cell"] == "model.tok_embeddings" and r["kind"] == "weight")
+    assert (embedding["slot"], embedding["baseline_slot"]) == ("param.embedding_weight", "param.weight")
+    parts = {p["label"]: p for p in result["coverage"]["parts"]}
+    assert parts["forward"]["comparable_fraction"] > 0.6 and parts["backward"]["comparable_fraction"] > 0.6
+    assert result["verdict"] == "within thresholds" and os.path.isfile(result["html"])
 
 
 def test_perturbed_layer1_weight_is_the_first_divergence(dumps, capsys, tmp_path):
@@ -181,6 +207,9 @@ def test_perturbed_layer1_weight_is_the_first_divergence(dumps, capsys, tmp_path
     )
     assert [p["cell"] for p in first["parents"]] == ["model.layers.1.attention", "model.layers.1", "model"]
     assert first["next"] and first["metrics"]["slot"] == "output.0" and first["metrics"]["rel_err"] > 0.04
+    assert not first["inputs_differ"]
+    weights = result["weights"]["weight"]  # the scaled weight, in its own section
+    assert weights["diverged"] == 1 and weights["first"]["cell"] == "model.layers.1.attention.wo"
     # the terminal summary says the same
     assert (
         celldump_main(
@@ -198,8 +227,9 @@ def test_perturbed_layer1_weight_is_the_first_divergence(dumps, capsys, tmp_path
     )
     text = capsys.readouterr().out
     assert (
-        "FIRST DIVERGENCE (forward, step 0 rank): Cell.model.layers.1.attention.wo.Linear.forward.0" in text
+        "FIRST DIVERGENCE (forward, step 0 rank 0): Cell.model.layers.1.attention.wo.Linear.forward.0" in text
     )
+    assert "WEIGHTS DIFFER at step start: 1 of 21; first model.layers.1.attention.wo param.weight" in text
 
 
 def test_two_runs_of_ours(dumps, capsys, tmp_path):
@@ -378,3 +408,99 @@ def test_msprobe_compare_pairs_mcore_names_with_the_bundled_mcore_file(dumps, tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {line.split(" (")[0].strip() for line in proc.stdout.splitlines() if line.endswith("  found")}
     assert {name.rpartition(".")[0] for name in expected} <= found, proc.stdout[-3000:]
+
+
+# --- verdicts that must not mislead, on the real pair -------------------------------------------------
+
+
+def test_one_weight_element_on_a_statistics_dump_names_w3(dumps, capsys, tmp_path):
+    """The w3 output's Mean moves by 2.4%, its Max/Min/Norm by less than 1e-5: named w3, not w2."""
+    cases = {"megatron": (dumps["meg"], "--mapping", "llama"), "ours": (dumps["ours"] / "stats",),
+             "tensor": (dumps["meg"], "--mapping", "llama")}
+    for name, (baseline, *extra) in cases.items():
+        target = dumps["ours"] / ("w3" if name == "tensor" else "w3stats")
+        code, result = compare(capsys, target, baseline, tmp_path / name, *extra)
+        first = result["first_divergence"]
+        assert code == 1 and first["cell"] == "model.layers.1.feed_forward.w3", (name, first)
+        (output,) = [t for t in first["tensors"] if t["slot"] == "output.0"]
+        assert output["status"] == "diverged" and output["basis"] == ("tensor" if name == "tensor" else "statistics")
+        assert not first["inputs_differ"] and all(p["why"] for p in first["parents"])
+        assert result["weights"]["weight"]["first"]["cell"] == "model.layers.1.feed_forward.w3", name
+    # statistics on both sides of the fused linear_fc1: w3 cannot be compared, and the report says so
+    code, result = compare(capsys, dumps["ours"] / "w3stats", dumps["meg_stats"], tmp_path / "s", "--mapping", "llama")
+    first = result["first_divergence"]
+    assert code == 1 and first["cell"] == "model.layers.1.feed_forward.w2" and first["inputs_differ"]
+    unpaired = {u["cell"]: u["reason"] for u in first["upstream_unpaired"]}
+    assert "statistics of a part of a fused tensor" in unpaired["model.layers.1.feed_forward.w3"]
+
+
+def test_rope_theta_names_the_unpaired_cause_upstream(dumps, capsys, tmp_path):
+    code, result = compare(capsys, dumps["ours"] / "rope", dumps["meg"], tmp_path, "--mapping", "llama")
+    first = result["first_divergence"]
+    assert code == 1 and first["cell"] == "model.layers.0.attention.wo" and first["inputs_differ"]
+    assert first["last_ok"] == "Cell.model.layers.0.attention.wv.Linear.forward.0"
+    assert [u["cell"] for u in first["upstream_unpaired"]] == ["model.layers.0.attention.apply_rotary_emb"]
+    assert "without a compared partner (model.layers.0.attention.apply_rotary_emb)" in first["cause"]
+    assert result["weights"]["weight"]["diverged"] == 0  # the weights are the same: a computation differs
+
+
+def test_a_wrong_qkv_groups_is_refused(dumps, capsys, tmp_path):
+    argv = ["compare", str(dumps["ours"] / "clean"), str(dumps["meg"]), "-o", str(tmp_path), "--mapping", "llama"]
+    assert celldump_main([*argv, "--qkv-groups", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--qkv-groups 2 does not match the baseline" in err and "has 4 query groups" in err
+    assert celldump_main([*argv, "--qkv-groups", "4"]) == 0
+
+
+_WITHOUT_TORCH = (
+    "import sys\nsys.modules['torch'] = None  # as on a machine without torch\n"
+    "from mf_celldump.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_without_torch_the_megatron_dump_is_compared_on_statistics(dumps, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, "compare", str(dumps["ours"] / "perturb"), str(dumps["meg"]),
+         "--mapping", "llama", "-o", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=REPO),
+    )
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert result["first_divergence"]["cell"] == "model.layers.1.attention.wo"
+    fallback = {r["kind"]: r for r in result["coverage"]["statistics_fallback"]}
+    assert fallback["activation"]["count"] > 50 and "needs torch installed" in fallback["activation"]["reason"]
+    assert result["weights"]["weight"]["first"]["cell"] == "model.layers.1.attention.wo"
+
+
+def test_a_mapping_that_pairs_little_gives_no_verdict(dumps, capsys, tmp_path):
+    mapping = tmp_path / "head_only.yaml"
+    mapping.write_text("TopLayer:\n  lm_head: output_layer([in], [out], layout=sbh)\n")
+    code, result = compare(capsys, dumps["ours"] / "clean", dumps["meg"], tmp_path / "o", "--mapping", str(mapping))
+    assert code == 2 and result["verdict"] == "too little compared" and result["first_divergence"] is None
+    assert result["headline"].startswith("NO VERDICT: too little compared (forward ")
+    assert result["coverage"]["not_compared"][0]["reason"] == "no baseline cell at the mapped name"
+
+
+@needs_chromium
+def test_the_html_report_of_the_w3_case_in_chromium(dumps, capsys, tmp_path):
+    import io
+
+    import matplotlib.image
+    import numpy as np
+
+    code, result = compare(capsys, dumps["ours"] / "w3", dumps["meg"], tmp_path, "--mapping", "llama")
+    assert code == 1
+    with Browser() as browser:
+        page = browser.open("file://" + result["html"])
+        assert page.errors == []
+        assert page.evaluate("document.getElementById('headline').textContent") == (
+            "FIRST DIVERGENCE (forward, step 0 rank 0): Cell.model.layers.1.feed_forward.w3.Linear.forward.0")
+        verdict = page.evaluate("document.getElementById('verdict').textContent")
+        assert "WEIGHTS DIFFER at step start: 1 of 21" in verdict
+        page.evaluate("var k = document.getElementById('kind-filter'); k.value = 'weight';"
+                      "var f = document.getElementById('filter'); f.value = 'w3 diverged';"
+                      "f.dispatchEvent(new Event('input'))")
+        rows = page.evaluate("Array.from(document.querySelectorAll('#pairs-body tr')).map(r => r.textContent)")
+        assert len(rows) == 1 and "param.weight" in rows[0]
+        pixels = matplotlib.image.imread(io.BytesIO(page.screenshot()), format="png")
+        assert float(pixels[..., :3].std()) > 0.05 and len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50

@@ -10,70 +10,11 @@ import numpy as np
 import pytest
 
 from mf_celldump.cli import main as celldump_main
-from mf_celldump.compare import metrics, transforms
+from mf_celldump.compare import metrics, stat_records, thresholds, transforms
 from mf_celldump.compare.pairing import map_slot
 from mf_celldump.layout import reader
 from mf_celldump.mapping.compare_rules import CompareRules, Split, parse_rules
-
-
-def tensor(array, data_name=None, dtype="Float32"):
-    array = np.asarray(array, dtype=np.float32)
-    record = {
-        "type": "mindspore.Tensor",
-        "dtype": dtype,
-        "shape": list(array.shape),
-        "Max": float(np.max(array)),
-        "Min": float(np.min(array)),
-        "Mean": float(np.mean(array)),
-        "Norm": float(np.linalg.norm(array)),
-    }
-    if data_name:
-        record["data_name"] = data_name
-    return record
-
-
-def write_dump(root, entries, task="tensor", indent=None, rank="rank", step=0, framework="mindspore"):
-    """``entries``: name -> {"in": [arrays], "out": [arrays]} in dump order."""
-    folder = os.path.join(root, f"step{step}", rank)
-    data_dir = os.path.join(folder, "dump_tensor_data")
-    os.makedirs(data_dir, exist_ok=True)
-    data = {}
-    for name, spec in entries.items():
-        body = {"input_args": [], "input_kwargs": {}, "output": []}
-        for key, field in (("in", "input_args"), ("out", "output")):
-            for i, array in enumerate(spec.get(key, ())):
-                kind = "input" if key == "in" else "output"
-                file_name = f"{name}.{kind}.{i}.npy" if task == "tensor" else None
-                if file_name:
-                    np.save(os.path.join(data_dir, file_name), np.asarray(array, dtype=np.float32))
-                body[field].append(tensor(array, file_name))
-        data[name] = body
-    doc = {
-        "task": task,
-        "level": "L0",
-        "framework": framework,
-        "dump_data_dir": data_dir if task == "tensor" else None,
-        "data": data,
-    }
-    with open(os.path.join(folder, "dump.json"), "w", encoding="utf-8") as handle:
-        json.dump(doc, handle, indent=indent)
-    return folder
-
-
-RNG = np.random.default_rng(0)
-X = RNG.standard_normal((2, 3, 4))
-
-
-def chain(scale_child=1.0, parents_first=True):
-    """A tiny two-level net: ``block`` (parent) with children ``block.fc1`` then ``block.fc2``."""
-    fc1 = X * 2
-    fc2 = fc1 * scale_child
-    child1 = ("Cell.block.fc1.Dense.forward.0", {"in": [X], "out": [fc1]})
-    child2 = ("Cell.block.fc2.Dense.forward.0", {"in": [fc1], "out": [fc2]})
-    parent = ("Cell.block.Block.forward.0", {"in": [X], "out": [fc2]})
-    order = [parent, child1, child2] if parents_first else [child1, child2, parent]
-    return dict(order)
-
+from tests.support.compare_dumps import RNG, X, chain, tensor, write_dump
 
 # --- reader -------------------------------------------------------------------------------------------
 
@@ -187,16 +128,16 @@ def test_layout_swap_reshape_and_mismatch():
 
 
 def test_metrics_thresholds_and_overrides():
-    table = metrics.override(metrics.DEFAULT_THRESHOLDS, "bfloat16.cosine=0.9")
+    table = thresholds.override(thresholds.DEFAULT_THRESHOLDS, "bfloat16.cosine=0.9")
     assert table["bfloat16"].cosine == 0.9 and table["float32"].cosine == 0.99999
-    table = metrics.override(table, "rel_err=0.5")
+    table = thresholds.override(table, "rel_err=0.5")
     assert all(t.rel_err == 0.5 for t in table.values())
     with pytest.raises(ValueError, match="KEY one of cosine, rel_err, stat_rel"):
-        metrics.override(table, "cos=1")
-    assert metrics.canonical_dtype("torch.bfloat16") == "bfloat16" == metrics.canonical_dtype("BFloat16")
-    limits = metrics.thresholds_for("Float32", "torch.bfloat16", metrics.DEFAULT_THRESHOLDS)
-    assert limits == metrics.DEFAULT_THRESHOLDS["bfloat16"]
-    f32 = metrics.DEFAULT_THRESHOLDS["float32"]
+        thresholds.override(table, "cos=1")
+    assert thresholds.canonical_dtype("torch.bfloat16") == "bfloat16" == thresholds.canonical_dtype("BFloat16")
+    limits = thresholds.thresholds_for("Float32", "torch.bfloat16", thresholds.DEFAULT_THRESHOLDS)
+    assert limits == thresholds.DEFAULT_THRESHOLDS["bfloat16"]
+    f32 = thresholds.DEFAULT_THRESHOLDS["float32"]
     same = metrics.tensor_metrics(X, X, f32, exact=False)
     assert same.cosine == 1.0 and same.rel_err == 0.0 and not same.diverged
     scaled = metrics.tensor_metrics(X * 1.01, X, f32, exact=False)
@@ -205,7 +146,8 @@ def test_metrics_thresholds_and_overrides():
     nan[0, 0, 0] = np.nan
     assert metrics.tensor_metrics(nan, X, f32, exact=False).diverged
     assert not metrics.tensor_metrics(nan, nan, f32, exact=False).diverged
-    assert metrics.stats_metrics(tensor(X * 1.01), tensor(X), f32, exact=False).diverged
+    stats = stat_records.record_stats
+    assert metrics.stats_metrics(stats(tensor(X * 1.01)), stats(tensor(X)), X.size, f32, exact=False).diverged
 
 
 def test_slot_rules():
@@ -240,7 +182,9 @@ def test_first_divergence_is_the_innermost_cell_in_either_order(tmp_path, capsys
     assert code == 1
     first = result["first_divergence"]
     assert first["name"] == "Cell.block.fc2.Dense.forward.0" and first["direction"] == "forward"
-    assert first["parents"] == [{"name": "Cell.block.Block.forward.0", "cell": "block", "status": "diverged"}]
+    assert [(p["name"], p["cell"], p["status"]) for p in first["parents"]] == [
+        ("Cell.block.Block.forward.0", "block", "diverged")
+    ]
     code, result = run_json(
         capsys, "compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "p")
     )
@@ -276,10 +220,10 @@ def test_anomalies_across_ranks_and_magnitudes(tmp_path, capsys):
     code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
     assert code == 1
     (first,) = result["first"]
-    assert first["rank"] == "rank1" and first["entry"] == "Cell.block.fc1.Dense.forward.0"
+    assert first["rank"] == 1 and first["entry"] == "Cell.block.fc1.Dense.forward.0"
     assert first["slots"] == [{"slot": "output.0", "kind": "inf", "Max": float("inf"), "Min": float("inf")}]
     per_rank = {r["rank"]: r["first"]["entry"] for r in result["ranks"]}
-    assert per_rank["rank0"] == "Cell.block.fc2.Dense.forward.0"
+    assert per_rank[0] == "Cell.block.fc2.Dense.forward.0"
     big = chain()
     big["Cell.block.fc2.Dense.forward.0"]["out"] = [np.full((2, 2), 1e6)]
     write_dump(str(tmp_path / "e"), big)
@@ -305,13 +249,15 @@ def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
     np.save(os.path.join(data_dir, "strings.npy"), np.array(["abc"]))
     with pytest.raises(tensors.TensorFileError, match="not numbers"):
         tensors.load(os.path.join(data_dir, "strings.npy"))
-    # in a comparison, a bad file is a pair that is not compared, with the reason
+    # in a comparison, a file that cannot be read leaves the pair to its statistics, with the reason
     name = "Cell.block.fc1.Dense.forward.0.output.0.npy"
     os.remove(os.path.join(data_dir, name))
     code, result = run_json(
         capsys, "compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "o")
     )
-    assert code == 0 and result["units"][0]["skipped"] == 1
+    assert code == 0 and result["units"][0]["skipped"] == 0
+    (fallback,) = result["coverage"]["statistics_fallback"]
+    assert fallback["count"] == 1 and name in fallback["reason"]
 
 
 def test_steps_and_ranks_pair_by_number_and_select(tmp_path, capsys):
@@ -324,15 +270,15 @@ def test_steps_and_ranks_pair_by_number_and_select(tmp_path, capsys):
     code, result = run_json(capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out)
     assert code == 1 and len(result["units"]) == 4
     first = result["first_divergence"]
-    assert (first["step"], first["rank"], first["cell"]) == ("1", "rank1", "block.fc2")
+    assert (first["step"], first["rank"], first["folder"], first["cell"]) == (1, 1, "step1/rank1", "block.fc2")
     code, result = run_json(
         capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out, "--steps", "0"
     )
-    assert code == 0 and [u["step"] for u in result["units"]] == ["0", "0"]
+    assert code == 0 and [u["step"] for u in result["units"]] == [0, 0]
     code, result = run_json(
         capsys, "compare", str(tmp_path / "run"), str(tmp_path / "base"), "-o", out, "--ranks", "0"
     )
-    assert code == 0 and {u["rank"] for u in result["units"]} == {"rank0"}
+    assert code == 0 and {u["rank"] for u in result["units"]} == {0}
 
 
 def test_nothing_paired_is_bad_input_not_success(tmp_path, capsys):

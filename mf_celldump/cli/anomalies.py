@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
-from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
+from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, emit, parse_selection
 from mf_celldump.compare.anomalies import result_json, result_text, scan
 from mf_celldump.config import ConfigError
 from mf_celldump.layout.reader import DumpError
@@ -24,7 +25,11 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         "--max-abs, values whose magnitude exceeds it. Exit 0 nothing found, 1 found, 2 bad input.",
     )
     parser.add_argument("dump", metavar="DUMP", help="dump root, step folder or rank folder")
-    parser.add_argument("--max-abs", type=float, default=None, help="also report |values| above this")
+    parser.add_argument(
+        "--max-abs", type=float, default=None, metavar="VALUE",
+        help="also report floating-point tensors whose |values| exceed VALUE (a positive number; integer "
+        "tensors and additive attention masks, largest value 0, are left out)",
+    )
     add_selection_arguments(parser, "scan")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run_anomalies)
@@ -33,6 +38,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_anomalies(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
+    if args.max_abs is not None and not (math.isfinite(args.max_abs) and args.max_abs > 0):
+        return bad_input(f"--max-abs {args.max_abs}: give a positive finite magnitude (e.g. 1e4)")
     try:
         steps, ranks = parse_selection(args)
         result = scan(args.dump, steps, ranks, args.max_abs)
@@ -40,7 +47,7 @@ def run_anomalies(args: argparse.Namespace, out=None) -> int:
         return bad_input(err)
     code = ExitCode.FOUND if result["first"] else ExitCode.OK
     if args.json:
-        print(json.dumps(result_json(result, int(code)), indent=1, default=str), file=out)
+        emit(json.dumps(result_json(result, int(code)), indent=1, default=str), out)
     else:
-        print(result_text(result), file=out)
+        emit(result_text(result), out)
     return code

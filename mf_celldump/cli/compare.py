@@ -1,6 +1,7 @@
 """``mf-celldump compare TARGET BASELINE``: where do two runs first diverge?
 
-Exit codes: 0 every compared pair within thresholds, 1 diverged, 2 bad input.
+Exit codes: 0 every compared pair within thresholds (and enough compared), 1 diverged,
+2 bad input or too little compared for a verdict.
 """
 
 from __future__ import annotations
@@ -8,13 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from typing import Any
 
-from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, parse_selection
-from mf_celldump.compare import metrics
-from mf_celldump.compare.engine import CompareInputError, CompareRequest, run
-from mf_celldump.compare.summary import format_summary, plain, to_json
+from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, emit, parse_selection
+from mf_celldump.compare import thresholds
+from mf_celldump.compare.coverage import MIN_COVERAGE
+from mf_celldump.compare.engine import DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareInputError, CompareRequest, run
+from mf_celldump.compare.summary import advice, format_summary, plain, to_json
 from mf_celldump.config import ConfigError
 from mf_celldump.layout.reader import DumpError
 from mf_celldump.mapping import AUTO, MappingError
@@ -29,8 +32,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Compare two dumps in msprobe's layout (ours or msprobe's, MindSpore or PyTorch, tensor or "
             "statistics task) and name the first cell, in execution order, whose tensors differ beyond the "
-            "thresholds. Writes a CSV of every pair and a PNG of per-layer metrics along the depth. "
-            "Exit 0 within thresholds, 1 diverged, 2 bad input."
+            "thresholds; weights and weight gradients are compared too. Writes a CSV of every pair, a PNG of "
+            "per-layer metrics and a self-contained report.html. Exit 0 within thresholds, 1 diverged, 2 bad "
+            "input or too little compared for a verdict."
         ),
     )
     parser.add_argument("target", metavar="TARGET", help="dump root, step folder or rank folder (your run)")
@@ -44,20 +48,33 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         help="layer mapping: 'auto' (default: bundled files when the frameworks differ), 'none', "
         "a bundled name (llama, mcore_gpt) or a YAML file; repeat to layer files",
     )
-    parser.add_argument("-o", "--output", default="compare_out", help="folder for the CSV and the plot")
+    parser.add_argument(
+        "-o", "--output", default=DEFAULT_OUTPUT, metavar="FOLDER",
+        help=f"folder for compare_pairs.csv, compare_depth.png and report.html (default: ./{DEFAULT_OUTPUT})",
+    )
     add_selection_arguments(parser, "compare")
     parser.add_argument(
         "--threshold",
         action="append",
         default=[],
         metavar="[DTYPE.]KEY=VALUE",
-        help="override a threshold: cosine, rel_err, stat_rel; e.g. cosine=0.9999, bfloat16.rel_err=0.05",
+        help="override a threshold: cosine (0 to 1), rel_err, stat_rel (0 or more); e.g. cosine=0.9999, "
+        "bfloat16.rel_err=0.05; DTYPE: float64, float32, float16, bfloat16, int (exact)",
     )
     parser.add_argument(
         "--qkv-groups",
         type=int,
         default=None,
-        help="query groups of fused q/k/v baselines (default: from the baseline's core_attention)",
+        help="query groups of fused q/k/v baselines (default: from the baseline's core_attention, which "
+        "must agree when both are known)",
+    )
+    parser.add_argument(
+        "--min-coverage",
+        type=float,
+        default=MIN_COVERAGE,
+        metavar="FRACTION",
+        help="share of the comparable activations, in each direction, that must be compared for a verdict "
+        f"(default: {MIN_COVERAGE}); below it the exit status is 2",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run_compare)
@@ -71,32 +88,27 @@ def run_compare(args: argparse.Namespace, out=None) -> int:
         result = run(request)
     except (CompareInputError, DumpError, MappingError, ConfigError, ValueError) as err:
         if args.json:
-            print(json.dumps({"error": str(err), "exit_code": int(ExitCode.BAD_INPUT)}), file=out)
+            emit(json.dumps({"error": str(err), "exit_code": int(ExitCode.BAD_INPUT)}), out)
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    code = ExitCode.FOUND if result.diverged else ExitCode.OK
-    if not result.compared:
-        code = ExitCode.BAD_INPUT  # nothing paired is not "no divergence" (msprobe says success there)
+    code = {DIVERGED: ExitCode.FOUND, WITHIN: ExitCode.OK}.get(result.verdict, ExitCode.BAD_INPUT)
     if args.json:
-        print(json.dumps(to_json(result, int(code)), indent=1, default=plain), file=out)
+        emit(json.dumps(to_json(result, int(code)), indent=1, default=plain, allow_nan=False), out)
     else:
-        print(format_summary(result), file=out)
-    if not result.compared:
-        print(
-            "error: no tensor of the target found a baseline partner to compare with; check the names with "
-            f"`mf-celldump mapping check MAPPING --target {args.target} --baseline {args.baseline}` "
-            "and give --mapping",
-            file=sys.stderr,
-        )
+        emit(format_summary(result), out)
+    if code == ExitCode.BAD_INPUT:
+        print(f"error: {result.verdict}: " + "; ".join(advice(result)), file=sys.stderr)
     return code
 
 
 def _request(args: argparse.Namespace) -> CompareRequest:
-    thresholds = dict(metrics.DEFAULT_THRESHOLDS)
+    table = dict(thresholds.DEFAULT_THRESHOLDS)
     for spec in args.threshold:
-        thresholds = metrics.override(thresholds, spec)
+        table = thresholds.override(table, spec)
     if args.qkv_groups is not None and args.qkv_groups <= 0:
         raise ValueError(f"--qkv-groups {args.qkv_groups}: give a positive number")
+    if not (math.isfinite(args.min_coverage) and 0.0 <= args.min_coverage <= 1.0):
+        raise ValueError(f"--min-coverage {args.min_coverage}: give a fraction between 0 and 1 (e.g. 0.5)")
     steps, ranks = parse_selection(args)
     return CompareRequest(
         target=args.target,
@@ -105,7 +117,8 @@ def _request(args: argparse.Namespace) -> CompareRequest:
         mapping=tuple(args.mapping or (AUTO,)),
         steps=steps,
         ranks=ranks,
-        thresholds=thresholds,
+        thresholds=table,
         qkv_groups=args.qkv_groups,
+        min_coverage=args.min_coverage,
         progress=not args.json,
     )

@@ -9,9 +9,10 @@ match); 2 bad input (the command could not do what was asked); 3 a bug in mf_cel
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from enum import IntEnum
-from typing import Tuple
+from typing import TextIO, Tuple
 
 from mf_celldump.config import IndexSelection
 
@@ -43,3 +44,19 @@ def bad_input(message: object) -> ExitCode:
     """Print ``error: message`` on stderr; the exit code of bad input."""
     print(f"error: {message}", file=sys.stderr)
     return ExitCode.BAD_INPUT
+
+
+def emit(text: str, out: TextIO) -> None:
+    """Print ``text`` to ``out``; a reader that went away (``| head``) is not an error.
+
+    The command still returns the exit status of what it found. Later writes to stdout
+    (Python flushes it at exit) go to the null device instead of failing again.
+    """
+    try:
+        print(text, file=out)
+        out.flush()
+    except BrokenPipeError:
+        if out is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)

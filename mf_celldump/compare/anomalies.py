@@ -11,10 +11,12 @@ there are all named. The command is ``cli/anomalies.py``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
+from mf_celldump.compare import stat_records
+from mf_celldump.compare.stat_records import INF, NAN
+from mf_celldump.compare.thresholds import canonical_dtype
 from mf_celldump.config import IndexSelection
 from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
 from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
@@ -24,12 +26,13 @@ from mf_celldump.layout.slots import tensor_slots
 @dataclass
 class Finding:
     step: Optional[int]
-    rank: str
+    rank: int
     direction: str
     pos: int
     entry: str
     cell: str
     slots: List[Dict[str, Any]] = field(default_factory=list)
+    folder: str = ""
 
     @property
     def order(self) -> tuple:
@@ -41,38 +44,50 @@ class Finding:
             return "one of its own weights is bad"
         inputs = [s for s in self.slots if s["slot"].startswith(("input", "kwarg"))]
         if self.direction == FORWARD and inputs:
-            return "its inputs are already bad: produced between cells, in its parent's code"
+            return ("its inputs already have them: made before this cell, by its parent's code between cells "
+                    "or in the input data")
         return ""
 
 
 def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[str]:
-    """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics."""
-    values = [_float(record.get(k)) for k in ("Max", "Min", "Mean", "Norm")]
-    if any(v is not None and math.isnan(v) for v in values) or _count(record, "nan_count"):
-        return "nan"
-    if any(v is not None and math.isinf(v) for v in values) or _count(record, "inf_count"):
-        return "inf"
-    extremes = [abs(v) for v in values[:2] if v is not None]
-    if max_abs is not None and extremes and max(extremes) > max_abs:
-        return "large"
-    return None
+    """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics.
 
-
-def _float(value) -> Optional[float]:
-    if isinstance(value, bool) or value is None:
+    NaN and Inf are told apart by :func:`stat_records.nonfinite_kinds` (a NaN Mean beside an
+    infinite Max or Min is Inf, not NaN). ``large`` looks at floating-point tensors only
+    (token ids and positions are integers) and leaves out additive masks: a tensor whose
+    largest value is 0 and whose smallest is at most -``max_abs`` is the -10000 (or dtype
+    minimum) fill MindFormers and Megatron add to masked attention scores.
+    """
+    kinds = stat_records.nonfinite_kinds(record)
+    if kinds:
+        return NAN if NAN in kinds else INF
+    if max_abs is None or not _floating(record):
         return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
+    stats = stat_records.record_stats(record)
+    top, bottom = stats["Max"], stats["Min"]
+    if top == 0.0 and bottom is not None and bottom <= -max_abs:
         return None
+    extremes = [abs(v) for v in (top, bottom) if v is not None]
+    return "large" if extremes and max(extremes) > max_abs else None
 
 
-def _count(record, key) -> bool:
-    value = _float(record.get(key))
-    return bool(value and value > 0)
+def _floating(record: Dict[str, Any]) -> bool:
+    dtype = canonical_dtype(record.get("dtype"))
+    return dtype.startswith(("float", "bfloat", "complex")) or dtype in ("half", "double")
 
 
-def scan_rank(dump_json: str, step: Optional[int], rank: str, max_abs: Optional[float]) -> Dict[str, Any]:
+def slot_details(record: Dict[str, Any]) -> Dict[str, Any]:
+    """What a report shows of an anomalous tensor: its extremes and, when dumped, its NaN/Inf counts."""
+    out = {"Max": record.get("Max"), "Min": record.get("Min")}
+    for key in ("nan_count", "inf_count"):
+        value = stat_records.count(record, key)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def scan_rank(dump_json: str, step: Optional[int], rank: int, max_abs: Optional[float], folder: str = ""
+              ) -> Dict[str, Any]:
     """First anomaly per direction of one rank folder (streamed), and how many tensors are anomalous."""
     current: Dict[str, Finding] = {}
     counts = {"nan": 0, "inf": 0, "large": 0}
@@ -85,14 +100,14 @@ def scan_rank(dump_json: str, step: Optional[int], rank: str, max_abs: Optional[
             kind = slot_anomaly(record, max_abs)
             if kind:
                 counts[kind] += 1
-                bad.append({"slot": slot, "kind": kind, "Max": record.get("Max"), "Min": record.get("Min")})
+                bad.append({"slot": slot, "kind": kind, **slot_details(record)})
         if not bad:
             continue
         found = current.get(parsed.direction)
         if found is None or parsed.cell.startswith(found.cell + "."):
-            current[parsed.direction] = Finding(step, rank, parsed.direction, pos, name, parsed.cell, bad)
+            current[parsed.direction] = Finding(step, rank, parsed.direction, pos, name, parsed.cell, bad, folder)
     first = current.get(FORWARD) or current.get(BACKWARD)
-    return {"step": step, "rank": rank, "first": first, "counts": counts}
+    return {"step": step, "rank": rank, "folder": folder, "first": first, "counts": counts}
 
 
 def scan(path: str, steps: IndexSelection, ranks: IndexSelection, max_abs: Optional[float]) -> Dict[str, Any]:
@@ -100,7 +115,7 @@ def scan(path: str, steps: IndexSelection, ranks: IndexSelection, max_abs: Optio
     for dump in find_rank_dumps(path):
         if (dump.step is not None and dump.step not in steps) or (dump.rank or 0) not in ranks:
             continue
-        results.append(scan_rank(dump.dump_json, dump.step, dump.label.rpartition("/")[2], max_abs))
+        results.append(scan_rank(dump.dump_json, dump.step, dump.rank or 0, max_abs, dump.label))
     if not results:
         raise DumpError(f"{path}: no rank folder matches steps {steps.describe()}, ranks {ranks.describe()}")
     bad = [r["first"] for r in results if r["first"] is not None]
@@ -125,22 +140,27 @@ def result_json(result: Dict[str, Any], code: int) -> dict:
     }
 
 
+def _details(slot: Dict[str, Any]) -> str:
+    counts = [f"{slot[key]} {name}" for key, name in (("nan_count", "NaN"), ("inf_count", "Inf")) if slot.get(key)]
+    return ", ".join([*counts, f"Max {slot['Max']}", f"Min {slot['Min']}"])
+
+
 def result_text(result: Dict[str, Any]) -> str:
     """The result of ``scan`` as the lines the command prints."""
     lines = []
     for item in result["ranks"]:
-        where = f"step {item['step'] if item['step'] is not None else '-'} {item['rank']}"
+        where = f"step {item['step'] if item['step'] is not None else '-'} rank {item['rank']} ({item['folder']})"
         first: Optional[Finding] = item["first"]
         if first is None:
             lines.append(f"{where}: no anomaly")
             continue
         counts = ", ".join(f"{n} {k}" for k, n in item["counts"].items() if n)
         lines.append(f"{where}: {counts} tensors; first: {first.direction} {first.entry}")
-        lines.extend(f"    {s['slot']}: {s['kind']} (Max {s['Max']}, Min {s['Min']})" for s in first.slots)
+        lines.extend(f"    {s['slot']}: {s['kind']} ({_details(s)})" for s in first.slots)
         if first.note:
             lines.append(f"    note: {first.note}")
     if result["first"]:
-        names = "; ".join(f"step {f.step} {f.rank}: {f.direction} {f.entry}" for f in result["first"])
+        names = "; ".join(f"step {f.step} rank {f.rank}: {f.direction} {f.entry}" for f in result["first"])
         lines.append(f"FIRST ANOMALY across ranks: {names}")
     else:
         lines.append("no NaN, Inf or out-of-range value found")

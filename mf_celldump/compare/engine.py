@@ -1,4 +1,11 @@
-"""Run one comparison: find the rank folders to pair, stream them through the store, collect the result."""
+"""Run one comparison: find the sides to pair, stream them through the store, collect the result.
+
+Steps: locate the rank folders of both dumps and plan the units (``plan_units``: one
+target folder against one baseline folder of the same step and rank; a step that merges
+tensor-parallel shards into one side belongs there), pair and measure each unit
+(:class:`pairing.UnitPairer`), then read the findings back (first divergence, weights,
+coverage) and write the CSV, the depth plot and the HTML report.
+"""
 
 from __future__ import annotations
 
@@ -6,39 +13,53 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mf_celldump.compare import metrics
-from mf_celldump.compare.pairing import PairOptions, Unit, UnitPairer, load_unit
-from mf_celldump.compare.plot import write_plot
-from mf_celldump.compare.report import Divergence, first_divergence, skip_reasons, unit_counts, write_csv
+from mf_celldump.compare import msprobe_rules, thresholds
+from mf_celldump.compare.coverage import MIN_COVERAGE, Coverage, measure_coverage
+from mf_celldump.compare.errors import CompareInputError
+from mf_celldump.compare.pairing import PairOptions, UnitPairer, load_unit
+from mf_celldump.compare.report import (
+    Divergence,
+    crc_summary,
+    first_divergence,
+    unit_counts,
+    weight_summary,
+    write_csv,
+)
+from mf_celldump.compare.sources import RankFolder, Unit
 from mf_celldump.compare.store import Store
 from mf_celldump.config import IndexSelection
-from mf_celldump.layout.reader import DumpError, DumpJson, RankDump, find_rank_dumps
+from mf_celldump.layout.reader import DumpError, RankDump, find_rank_dumps
 from mf_celldump.mapping import AUTO, LayerMapping, resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
 
 logger = logging.getLogger(__name__)
 NONE = "none"
+DEFAULT_OUTPUT = "compare_out"
+PYTORCH = "pytorch"
 
+# What a comparison concludes (the command turns it into an exit status).
+DIVERGED, WITHIN, LOW_COVERAGE, NOTHING = "diverged", "within thresholds", "too little compared", "nothing compared"
 
-class CompareInputError(ValueError):
-    """The inputs cannot be compared (no dump, nothing pairs, bad option); the message says why."""
+__all__ = ["CompareInputError", "CompareRequest", "CompareResult", "plan_units", "run"]
 
 
 @dataclass
 class CompareRequest:
     target: str
     baseline: str
-    output: str
+    output: str = DEFAULT_OUTPUT
     mapping: Tuple[str, ...] = (AUTO,)
     steps: IndexSelection = field(default_factory=IndexSelection)
     ranks: IndexSelection = field(default_factory=IndexSelection)
-    thresholds: Dict[str, metrics.Thresholds] = field(
-        default_factory=lambda: dict(metrics.DEFAULT_THRESHOLDS)
+    thresholds: Dict[str, thresholds.Thresholds] = field(
+        default_factory=lambda: dict(thresholds.DEFAULT_THRESHOLDS)
     )
     qkv_groups: Optional[int] = None
+    min_coverage: float = MIN_COVERAGE
     progress: bool = True
+    html: bool = True
 
 
 @dataclass
@@ -50,26 +71,43 @@ class CompareResult:
     frameworks: Tuple[str, str]
     tasks: Tuple[str, str]
     first: Optional[Divergence]
-    skipped: List[tuple]
+    weights: Dict[str, Any]
+    coverage: Coverage
+    crc: Dict[str, Any]
     csv_path: str
-    plot_path: Optional[str]
-
-    @property
-    def diverged(self) -> bool:
-        return self.first is not None
+    plot_path: Optional[str] = None
+    plot_note: str = ""
+    html_path: Optional[str] = None
 
     @property
     def compared(self) -> int:
-        """Tensor pairs that were compared (within thresholds or not)."""
+        """Tensor pairs that were compared (within thresholds or not), every kind."""
         return sum((unit["ok"] or 0) + (unit["diverged"] or 0) for unit in self.units)
 
+    @property
+    def weights_diverged(self) -> int:
+        return sum(self.weights[kind]["diverged"] for kind in self.weights)
 
-def match_units(targets: Sequence[RankDump], baselines: Sequence[RankDump], request: CompareRequest):
-    """Pair rank folders by step and rank; one folder on each side always pairs."""
+    @property
+    def verdict(self) -> str:
+        if self.first is not None or self.weights_diverged:
+            return DIVERGED
+        if not self.compared:
+            return NOTHING
+        return WITHIN if self.coverage.enough else LOW_COVERAGE
+
+    @property
+    def swapped(self) -> bool:
+        """The target is a PyTorch dump and the baseline a MindSpore one: the arguments look reversed."""
+        return self.frameworks[0] == PYTORCH and self.frameworks[1] != PYTORCH
+
+
+def plan_units(targets: Sequence[RankDump], baselines: Sequence[RankDump], request: CompareRequest):
+    """Pair rank folders by step and rank (one folder on each side always pairs); (units, unpaired labels)."""
     targets = [t for t in targets if _selected(t, request)]
     baselines = [b for b in baselines if _selected(b, request)]
     if len(targets) == 1 and len(baselines) == 1:
-        return [Unit(targets[0], baselines[0])], []
+        return [Unit(RankFolder(targets[0]), RankFolder(baselines[0]))], []
     index = {(b.step, b.rank or 0): b for b in baselines}
     units, unpaired = [], []
     for target in targets:
@@ -77,7 +115,7 @@ def match_units(targets: Sequence[RankDump], baselines: Sequence[RankDump], requ
         if partner is None:
             unpaired.append(target.label)
         else:
-            units.append(Unit(target, partner))
+            units.append(Unit(RankFolder(target), RankFolder(partner)))
     return units, unpaired
 
 
@@ -91,7 +129,7 @@ def run(request: CompareRequest) -> CompareResult:
         targets, baselines = find_rank_dumps(request.target), find_rank_dumps(request.baseline)
     except DumpError as err:
         raise CompareInputError(str(err)) from None
-    units, unpaired = match_units(targets, baselines, request)
+    units, unpaired = plan_units(targets, baselines, request)
     if not units:
         raise CompareInputError(
             f"no rank folder of {request.target} ({', '.join(t.label for t in targets)}) has a partner in "
@@ -99,13 +137,28 @@ def run(request: CompareRequest) -> CompareResult:
             f"for steps {request.steps.describe()}, "
             f"ranks {request.ranks.describe()}"
         )
+    _check_order(units[0], request)
     os.makedirs(request.output, mode=0o750, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".compare-", dir=request.output) as work:
         store = Store(os.path.join(work, "pairs.sqlite"))
         try:
-            return _compare(store, units, unpaired, request)
+            result = _compare(store, units, unpaired, request)
+            _write_reports(store, result)
+            return result
         finally:
             store.close()
+
+
+def _check_order(unit: Unit, request: CompareRequest) -> None:
+    """A PyTorch target with a MindSpore baseline: the bundled mappings rename MindSpore cells, so
+    ``auto`` cannot pair anything; say the arguments look swapped instead of blaming the mapping."""
+    frameworks = (unit.target.framework, unit.baseline.framework)
+    if frameworks[0] == PYTORCH and frameworks[1] != PYTORCH and tuple(request.mapping) == (AUTO,):
+        raise CompareInputError(
+            f"TARGET {request.target} is a PyTorch dump and BASELINE {request.baseline} a {frameworks[1]} one: "
+            "the layer mapping renames MindSpore cells to the baseline's names, so give your MindSpore run "
+            f"first: mf-celldump compare {request.baseline} {request.target}"
+        )
 
 
 def _compare(store: Store, units: List[Unit], unpaired: List[str], request: CompareRequest) -> CompareResult:
@@ -113,45 +166,50 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
     view = None
     frameworks = tasks = ("", "")
     for unit in units:
-        target, baseline = _open(unit.target), _open(unit.baseline)
-        classes = load_unit(store, target, baseline)
+        classes = load_unit(store, unit)
         if mapping is None:
-            frameworks, tasks = (target.framework, baseline.framework), (target.task, baseline.task)
+            frameworks = (unit.target.framework, unit.baseline.framework)
+            tasks = (unit.target.task, unit.baseline.task)
             mapping = _mapping(request.mapping, set(classes.values()), frameworks)
             view = MsprobeView(mapping)
-        options = PairOptions(request.thresholds, request.qkv_groups)
+        options = PairOptions(request.thresholds, request.qkv_groups, msprobe_rules.dump_mode(*tasks))
         UnitPairer(store, view, classes, unit, options).run(request.progress)
         store.reset_unit()
-    first = first_divergence(store)
-    csv_path = os.path.join(request.output, "compare_pairs.csv")
-    write_csv(store, csv_path)
-    plot_path = os.path.join(request.output, "compare_depth.png")
-    step, rank = (first.step, first.rank) if first else (units[0].step, units[0].rank)
-    title = f"{request.target} vs {request.baseline} (step {step or '-'}, {rank})"
-    if not write_plot(store, plot_path, step, rank, first, title):
-        plot_path = None
-    for path in (csv_path, plot_path):
-        if path:
-            os.chmod(path, 0o640)
     return CompareResult(
-        request,
-        unit_counts(store),
-        unpaired,
-        mapping.sources if mapping else (),
-        frameworks,
-        tasks,
-        first,
-        skip_reasons(store),
-        csv_path,
-        plot_path,
+        request=request,
+        units=unit_counts(store),
+        unpaired=unpaired,
+        mapping_sources=mapping.sources if mapping else (),
+        frameworks=frameworks,
+        tasks=tasks,
+        first=first_divergence(store),
+        weights=weight_summary(store),
+        coverage=measure_coverage(store, request.min_coverage),
+        crc=crc_summary(store),
+        csv_path=os.path.join(request.output, "compare_pairs.csv"),
     )
 
 
-def _open(dump: RankDump) -> DumpJson:
-    try:
-        return DumpJson(dump.dump_json)
-    except OSError as err:
-        raise CompareInputError(f"{dump.dump_json}: cannot read: {err.strerror}") from None
+def _write_reports(store: Store, result: CompareResult) -> None:
+    from mf_celldump.compare.plot import write_plot
+
+    request = result.request
+    write_csv(store, result.csv_path)
+    first = result.first
+    step, rank = (first.step, first.rank) if first else (result.units[0]["step"], result.units[0]["rank"])
+    title = f"{request.target} vs {request.baseline} (step {'-' if step is None else step}, rank {rank})"
+    plot_path = os.path.join(request.output, "compare_depth.png")
+    if request.html:  # before the plot: matplotlib leaves the heap fragmented (measured: +7 MB peak after it)
+        from mf_celldump.compare.html_report import write_html
+        from mf_celldump.compare.report_data import report_data
+
+        result.html_path = os.path.join(request.output, "report.html")
+        write_html(result.html_path, report_data(store, result))
+    result.plot_note = write_plot(store, plot_path, step, rank, first, title, request.thresholds)
+    result.plot_path = None if result.plot_note else plot_path
+    for path in (result.csv_path, result.plot_path, result.html_path):
+        if path:
+            os.chmod(path, 0o640)
 
 
 def _mapping(specs: Tuple[str, ...], classes: set, frameworks: Tuple[str, str]) -> LayerMapping:

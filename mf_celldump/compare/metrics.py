@@ -1,138 +1,77 @@
-"""Numbers for one tensor pair, per-dtype thresholds, and the verdict.
+"""Numbers for one tensor pair and the verdict they give.
 
 Tensor pairs: cosine similarity, max absolute error, max relative error (element-wise,
-against the baseline), and ``rel_err`` = ||target - baseline|| / ||baseline||. Statistics
-(Max, Min, Mean, Norm) are compared in every case, and alone when either side has no
-tensor data. A pair diverges when cosine is below ``cosine`` or ``rel_err`` above
-``rel_err`` (tensors), or when the relative difference of Max, Min or Norm is above
-``stat_rel`` (statistics only); integer and bool tensors must match exactly. Non-finite
-values diverge unless both sides have them at the same places with the same values.
+against the baseline), ``rel_err`` = ||target - baseline|| / ||baseline||, and msprobe's
+own columns: Euclidean distance ||target - baseline||, and the share of elements whose
+relative error is below 1/1000 and 5/1000 (msprobe 26.2's ``One Thousandth Err Ratio``
+and ``Five Thousandths Err Ratio``: |t - b| / |b|, a zero baseline element counted with
+the float epsilon added to both sides). A pair diverges when cosine is below ``cosine``
+or ``rel_err`` above ``rel_err``; integer and bool tensors must match exactly; non-finite
+values diverge unless both sides have the same ones at the same places.
+
+Statistics pairs (when a side has no tensor data): ``stat_rel`` = the largest relative
+difference of every statistic both sides have, Max, Min, Mean and Norm. Max, Min and
+Norm are relative to the larger magnitude of the two sides. Mean is relative to the
+larger of |Mean| and 1% of the tensor's root mean square (Norm / sqrt(elements)): a
+change inside a tensor often moves its Mean by percents while Max, Min and Norm barely
+move, and a Mean near zero must not turn rounding into a divergence.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-STATS = ("Max", "Min", "Mean", "Norm")
+from mf_celldump.compare.stat_records import STATS
+from mf_celldump.compare.thresholds import Thresholds
+
 TINY = 1e-30
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    cosine: float
-    rel_err: float
-    stat_rel: float
-
-
-# Starting points: fp32 runs of the same function agree to ~1e-6; half precisions to their epsilon.
-DEFAULT_THRESHOLDS: Dict[str, Thresholds] = {
-    "float64": Thresholds(0.99999, 1e-4, 1e-4),
-    "float32": Thresholds(0.99999, 1e-3, 1e-3),
-    "float16": Thresholds(0.999, 1e-2, 5e-3),
-    "bfloat16": Thresholds(0.995, 3e-2, 2e-2),
-    "exact": Thresholds(1.0, 0.0, 0.0),
-}
-THRESHOLD_KEYS = ("cosine", "rel_err", "stat_rel")
-_PRECISION_ORDER = ("exact", "float64", "float32", "float16", "bfloat16")
-
-_DTYPE_ALIASES = {
-    "float": "float32",
-    "double": "float64",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "fp32": "float32",
-    "fp16": "float16",
-    "long": "int64",
-    "int": "int32",
-    "bool_": "bool",
-}
-
-
-def canonical_dtype(dtype: Optional[str]) -> str:
-    """``Float32``, ``torch.float32``, ``float32`` -> ``float32``."""
-    text = str(dtype or "").strip().lower()
-    text = text.rpartition(".")[2]
-    return _DTYPE_ALIASES.get(text, text)
-
-
-def threshold_class(dtype: str) -> str:
-    if dtype in DEFAULT_THRESHOLDS:
-        return dtype
-    if dtype.startswith(("int", "uint", "bool")):
-        return "exact"
-    return "float32"
-
-
-def thresholds_for(target_dtype: str, baseline_dtype: str, table: Mapping[str, Thresholds]) -> Thresholds:
-    """The looser thresholds of the two sides' dtypes (a bf16 run against fp32 is held to bf16)."""
-    classes = [threshold_class(canonical_dtype(d)) for d in (target_dtype, baseline_dtype) if d]
-    loosest = max(classes or ["float32"], key=_PRECISION_ORDER.index)
-    return table[loosest]
-
-
-def override(table: Mapping[str, Thresholds], spec: str) -> Dict[str, Thresholds]:
-    """Apply ``[dtype.]key=value`` (key: cosine, rel_err, stat_rel); raises ValueError with the fix."""
-    key, sep, value = spec.partition("=")
-    dtype, dot, name = key.strip().rpartition(".")
-    if not sep or name not in THRESHOLD_KEYS:
-        raise ValueError(
-            f"--threshold {spec!r}: expected [dtype.]KEY=VALUE with KEY one of {', '.join(THRESHOLD_KEYS)}"
-        )
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"--threshold {spec!r}: {value!r} is not a number") from None
-    dtypes = [threshold_class(canonical_dtype(dtype))] if dot else list(table)
-    result = dict(table)
-    for item in dtypes:
-        result[item] = replace(result[item], **{name: number})
-    return result
+MEAN_FLOOR = 0.01  # Mean is compared relative to at least this share of the RMS
+ONE_THOUSANDTH, FIVE_THOUSANDTHS = 0.001, 0.005
 
 
 @dataclass
 class PairMetrics:
     cosine: float = math.nan
+    euc_dist: float = math.nan
     max_abs_err: float = math.nan
     max_rel_err: float = math.nan
     rel_err: float = math.nan
+    one_thousandth_ratio: float = math.nan
+    five_thousandths_ratio: float = math.nan
     stat_rel: float = math.nan
     diverged: bool = False
     note: str = ""
+
+    def columns(self) -> Dict[str, float]:
+        """The numeric columns of a pair row."""
+        return {key: value for key, value in vars(self).items() if key not in ("diverged", "note")}
 
 
 def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds, exact: bool) -> PairMetrics:
     t = np.asarray(target, dtype=np.float64).ravel()
     b = np.asarray(baseline, dtype=np.float64).ravel()
-    finite_t, finite_b = np.isfinite(t), np.isfinite(b)
     result = PairMetrics()
+    finite_t, finite_b = np.isfinite(t), np.isfinite(b)
     if not (finite_t.all() and finite_b.all()):
-        same = np.array_equal(finite_t, finite_b) and np.array_equal(
-            t[~finite_t], b[~finite_b], equal_nan=True
-        )
+        same = np.array_equal(finite_t, finite_b) and np.array_equal(t[~finite_t], b[~finite_b], equal_nan=True)
         if not same:
             result.diverged = True
-            result.note = (
-                f"non-finite values: {int((~finite_t).sum())} in target, {int((~finite_b).sum())} in baseline"
-            )
+            result.note = f"non-finite values differ: target {_nonfinite(t)}, baseline {_nonfinite(b)}"
         t, b = t[finite_t & finite_b], b[finite_t & finite_b]
     diff = np.abs(t - b)
     norm_t, norm_b = float(np.linalg.norm(t)), float(np.linalg.norm(b))
+    result.euc_dist = float(np.linalg.norm(diff))
     if t.size:
+        magnitude = np.abs(b)
         result.max_abs_err = float(diff.max())
-        result.max_rel_err = float((diff / np.maximum(np.abs(b), TINY)).max()) if result.max_abs_err else 0.0
-    result.rel_err = (
-        float(np.linalg.norm(t - b)) / norm_b if norm_b > TINY else (0.0 if norm_t <= TINY else math.inf)
-    )
-    if norm_t <= TINY and norm_b <= TINY:
-        result.cosine = 1.0
-    elif norm_t <= TINY or norm_b <= TINY:
-        result.cosine = 0.0
-    else:
-        result.cosine = max(-1.0, min(1.0, float(np.dot(t, b)) / (norm_t * norm_b)))
+        result.max_rel_err = float((diff / np.maximum(magnitude, TINY)).max()) if result.max_abs_err else 0.0
+        result.one_thousandth_ratio, result.five_thousandths_ratio = _error_ratios(diff, magnitude)
+    result.rel_err = result.euc_dist / norm_b if norm_b > TINY else (0.0 if norm_t <= TINY else math.inf)
+    result.cosine = _cosine(t, b, norm_t, norm_b)
     if exact:
         result.diverged = result.diverged or bool(result.max_abs_err and result.max_abs_err > 0)
     else:
@@ -140,43 +79,68 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds,
     return result
 
 
-def stat_differences(target: Mapping, baseline: Mapping) -> Dict[str, float]:
-    """target - baseline for each statistic both records have."""
+def _cosine(t: np.ndarray, b: np.ndarray, norm_t: float, norm_b: float) -> float:
+    if norm_t <= TINY and norm_b <= TINY:
+        return 1.0
+    if norm_t <= TINY or norm_b <= TINY:
+        return 0.0
+    return max(-1.0, min(1.0, float(np.dot(t, b)) / (norm_t * norm_b)))
+
+
+def _error_ratios(diff: np.ndarray, magnitude: np.ndarray):
+    """Shares of elements with |t - b| / |b| below 1/1000 and 5/1000; where b is 0, msprobe adds the
+    float epsilon to both sides, i.e. divides |t| by epsilon. ``magnitude`` (|b|) is changed in place."""
+    magnitude[magnitude == 0] = np.finfo(np.float64).eps
+    size = diff.size
+    return (float(np.count_nonzero(diff < ONE_THOUSANDTH * magnitude)) / size,
+            float(np.count_nonzero(diff < FIVE_THOUSANDTHS * magnitude)) / size)
+
+
+def _nonfinite(values: np.ndarray) -> str:
+    nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+    parts = [f"{nan} NaN" if nan else "", f"{inf} Inf" if inf else ""]
+    return " and ".join(p for p in parts if p) or "finite"
+
+
+def stat_differences(target: Mapping[str, Optional[float]], baseline: Mapping[str, Optional[float]]):
+    """target - baseline for each statistic both sides have (equal infinities: 0)."""
     out = {}
     for key in STATS:
-        a, b = _number(target.get(key)), _number(baseline.get(key))
+        a, b = target.get(key), baseline.get(key)
         if a is not None and b is not None:
-            out[key] = a - b if not (math.isinf(a) and math.isinf(b) and a == b) else 0.0
+            out[key] = 0.0 if (math.isinf(a) and a == b) else a - b
     return out
 
 
-def stats_metrics(target: Mapping, baseline: Mapping, limits: Thresholds, exact: bool) -> PairMetrics:
-    """Verdict from statistics alone: relative difference of Max, Min and Norm."""
-    result = PairMetrics(note="statistics only")
+def stats_metrics(
+    target: Mapping[str, Optional[float]],
+    baseline: Mapping[str, Optional[float]],
+    elements: Optional[int],
+    limits: Thresholds,
+    exact: bool,
+) -> PairMetrics:
+    """Verdict from statistics alone: the largest relative difference of Max, Min, Mean and Norm."""
+    result = PairMetrics()
     worst = 0.0
-    for key in ("Max", "Min", "Norm"):
-        a, b = _number(target.get(key)), _number(baseline.get(key))
+    for key in STATS:
+        a, b = target.get(key), baseline.get(key)
         if a is None or b is None:
             continue
-        if math.isnan(a) or math.isnan(b) or math.isinf(a) or math.isinf(b):
+        if not (math.isfinite(a) and math.isfinite(b)):
             if not (a == b or (math.isnan(a) and math.isnan(b))):
                 worst = math.inf
             continue
-        scale = max(abs(b), abs(a), TINY)
-        worst = max(worst, abs(a - b) / scale)
+        relative = abs(a - b) / _scale(key, a, b, target, baseline, elements)
+        worst = max(worst, relative)
     result.stat_rel = worst
     result.diverged = worst > (0.0 if exact else limits.stat_rel)
     return result
 
 
-def _number(value) -> Optional[float]:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+def _scale(key, a, b, target, baseline, elements) -> float:
+    scale = max(abs(a), abs(b))
+    if key == "Mean" and elements:
+        norms = [n for n in (target.get("Norm"), baseline.get("Norm")) if n is not None and math.isfinite(n)]
+        if norms:
+            scale = max(scale, MEAN_FLOOR * max(norms) / math.sqrt(elements))
+    return max(scale, TINY)

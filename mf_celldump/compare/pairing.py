@@ -1,85 +1,93 @@
-"""Pair the entries and tensors of one target rank folder with one baseline rank folder.
+"""Pair the entries and tensors of one target side with one baseline side, and measure every pair.
 
 Names go through the layer mapping exactly as ``msprobe compare -lm`` resolves them
 (:mod:`mf_celldump.mapping.baseline_names`); the baseline entry is the one at that path
 with the same direction and the same position among that path's entries. Inside a pair
 of entries, tensors are lined up by slot and the entry's compare rules (which baseline
 input each of ours is, which part of a fused output, layout).
+
+Three kinds of rows: ``activation`` (inputs and outputs of forward and backward
+entries), ``weight`` (a forward entry's ``parameters``: the cell's own weights) and
+``weight_grad`` (a ``parameters_grad`` entry). Weights pair by name; a cell holding one
+weight on each side pairs it whatever the two names are (``embedding_weight`` against
+``weight``). Fused weights are split the way the cell's outputs are.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-import numpy as np
 from tqdm import tqdm
 
-from mf_celldump.compare import metrics, tensors, transforms
+from mf_celldump.compare import msprobe_rules, transforms
+from mf_celldump.compare.errors import CompareInputError
+from mf_celldump.compare.measure import Measured, measure_pair
+from mf_celldump.compare.sources import Unit
 from mf_celldump.compare.store import Store
-from mf_celldump.layout.naming import FORWARD, parse_entry_name
-from mf_celldump.layout.reader import DumpJson, RankDump
-from mf_celldump.layout.slots import slot_record, tensor_slots
+from mf_celldump.compare.thresholds import EXACT, Thresholds, canonical_dtype, thresholds_for
+from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, parse_entry_name
+from mf_celldump.layout.slots import slot_record, tensor_slots, weight_records
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
 
 logger = logging.getLogger(__name__)
 FLUSH = 500
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One target rank folder and the baseline rank folder it is compared with."""
-
-    target: RankDump
-    baseline: RankDump
-
-    @property
-    def step(self) -> str:
-        return "" if self.target.step is None else str(self.target.step)
-
-    @property
-    def rank(self) -> str:
-        return self.target.label.rpartition("/")[2]
+ACTIVATION, WEIGHT, WEIGHT_GRAD = "activation", "weight", "weight_grad"
+KINDS = (ACTIVATION, WEIGHT, WEIGHT_GRAD)
+# Why a tensor was not compared, in three classes (coverage counts them apart).
+NO_PARTNER, BY_DESIGN, NOT_COMPARABLE = "no_partner", "by_design", "not_comparable"
 
 
 @dataclass(frozen=True)
 class PairOptions:
-    thresholds: Dict[str, metrics.Thresholds]
+    thresholds: Dict[str, Thresholds]
     qkv_groups: Optional[int] = None
+    msprobe_mode: str = msprobe_rules.TENSOR_MODE
 
 
-def load_unit(store: Store, target: DumpJson, baseline: DumpJson) -> Dict[str, str]:
-    """Stream both dump.json files into the store; returns our cell name -> class."""
+def load_unit(store: Store, unit: Unit) -> Dict[str, str]:
+    """Stream both sides' entries into the store; returns our cell name -> class."""
     store.reset_unit()
-    store.add_base(_numbered(baseline.entries(), None))
+    totals: Dict[Tuple[str, str], int] = {}
+    store.add_base(row[:5] for row in _numbered(unit.baseline.entries(), None, totals))
+    store.add_base_totals(unit.step, unit.rank, totals)
     classes: Dict[str, str] = {}
     store.add_target(
         (pos, name, cell, cls, d, o, body)
-        for pos, (cell, d, o, name, body, cls) in enumerate(
-            _numbered(target.entries(), classes, with_class=True)
-        )
+        for pos, (cell, d, o, name, body, cls) in enumerate(_numbered(unit.target.entries(), classes))
     )
     return classes
 
 
-def _numbered(
-    entries: Iterable[Tuple[str, Dict[str, Any]]], classes: Optional[Dict[str, str]], with_class=False
-):
-    """Cell entries with their position among the entries of the same cell and direction."""
+def _numbered(entries: Iterable[Tuple[str, Dict[str, Any]]], classes: Optional[Dict[str, str]], totals=None):
+    """Cell entries (``parameters_grad`` included) with their position among the entries of the same
+    cell and direction; ``totals`` counts the tensors per (kind, direction)."""
     counters: Dict[Tuple[str, str], int] = {}
     for name, body in entries:
-        parsed = parse_entry_name(name)
+        parsed = parse_entry_name(name, parameters_grad=True)
         if parsed is None:
             continue
         key = (parsed.cell, parsed.direction)
         ordinal = counters.get(key, 0)
         counters[key] = ordinal + 1
-        if classes is not None:
+        if classes is not None and parsed.direction != PARAMETERS_GRAD:
             classes[parsed.cell] = parsed.cls
-        row = (parsed.cell, parsed.direction, ordinal, name, body)
-        yield (*row, parsed.cls) if with_class else row
+        if totals is not None:
+            for kind, direction, count in _tensor_counts(parsed.direction, body):
+                totals[(kind, direction)] = totals.get((kind, direction), 0) + count
+        yield parsed.cell, parsed.direction, ordinal, name, body, parsed.cls
+
+
+def _tensor_counts(direction: str, body: Dict[str, Any]):
+    if direction == PARAMETERS_GRAD:
+        yield WEIGHT_GRAD, BACKWARD, len(weight_records(body, gradients=True))
+        return
+    yield ACTIVATION, direction, sum(1 for _ in tensor_slots(direction, body))
+    if direction == FORWARD:
+        yield WEIGHT, FORWARD, len(weight_records(body))
 
 
 def layer_of(cell: str) -> str:
@@ -121,7 +129,7 @@ class UnitPairer:
         total = self.store.target_count()
         bar = tqdm(
             total=total,
-            desc=f"compare {self.unit.target.label}",
+            desc=f"compare {self.unit.folder}",
             unit="entry",
             disable=None if show_progress and total > 2000 else True,
             leave=False,
@@ -156,98 +164,151 @@ class UnitPairer:
         common = {
             "step": self.unit.step,
             "rank": self.unit.rank,
+            "folder": self.unit.folder,
             "pos": pos,
-            "direction": direction,
             "entry": name,
             "cell": cell,
             "cell_class": cls,
             "layer": None if layer in self.not_plotted else layer,
+            "baseline_entry": found[0] if found else f"{base_cell} ({direction} #{ordinal})",
         }
-        rows = []
-        for slot, record in tensor_slots(direction, body):
-            row = dict(
-                common,
-                slot=slot,
-                dtype=metrics.canonical_dtype(record.get("dtype")),
-                shape=str(record.get("shape")),
+        if found is None:
+            reason = (
+                "baseline cell has no such call"
+                if self.store.base_has_cell(base_cell)
+                else "no baseline cell at the mapped name"
             )
+        rows = []
+        for kind, row_direction, slot, record, own in _slots(direction, body):
+            row = dict(common, kind=kind, direction=row_direction, slot=slot, **_describe(record))
             if found is None:
-                reason = (
-                    "baseline cell has no such call"
-                    if self.store.base_has_cell(base_cell)
-                    else "no baseline cell at the mapped name"
-                )
-                rows.append(
-                    dict(
-                        row,
-                        status="skipped",
-                        baseline_entry=f"{base_cell} ({direction} #{ordinal})",
-                        reason=reason,
-                    )
-                )
-                continue
-            rows.append(self.pair_slot(row, record, found, base_cell, rules))
+                rows.append(dict(row, status="skipped", skip_class=NO_PARTNER, reason=reason))
+            elif kind == ACTIVATION:
+                rows.append(self.pair_slot(row, record, found[1], base_cell, rules))
+            else:
+                rows.append(self.pair_weight(row, record, own, found[1], base_cell, rules))
+        msprobe_rules.judge_entry(rows, self.options.msprobe_mode)
         return rows
 
-    def pair_slot(self, row, record, found, base_cell, rules: CompareRules) -> Dict[str, Any]:
-        base_name, base_body = found
-        row["baseline_entry"] = base_name
+    def pair_slot(self, row, record, base_body, base_cell, rules: CompareRules) -> Dict[str, Any]:
         base_slot, use_split, use_act, why_not = map_slot(row["slot"], row["direction"], rules)
         if why_not:
-            return dict(row, status="skipped", reason=why_not)
+            return dict(row, status="skipped", skip_class=BY_DESIGN, reason=why_not)
         row["baseline_slot"] = base_slot
         base_record = slot_record(base_body, base_slot)
         if base_record is None:
-            return dict(row, status="skipped", reason=f"baseline entry has no tensor {base_slot}")
-        row.update(
-            baseline_dtype=metrics.canonical_dtype(base_record.get("dtype")),
-            baseline_shape=str(base_record.get("shape")),
-            transform=transforms.describe(rules, use_split, use_act),
-        )
-        for key, value in metrics.stat_differences(record, base_record).items():
-            row[f"{key.lower()}_diff"] = value
-        limits = metrics.thresholds_for(row["dtype"], row["baseline_dtype"], self.options.thresholds)
-        exact = limits == self.options.thresholds["exact"]
-        try:
-            result = self._measure(record, base_record, base_cell, rules, use_split, use_act, limits, exact)
-        except (transforms.NotComparable, tensors.TensorFileError) as err:
-            return dict(row, status="skipped", reason=str(err))
-        row.update(
-            cosine=result.cosine,
-            max_abs_err=result.max_abs_err,
-            max_rel_err=result.max_rel_err,
-            rel_err=result.rel_err,
-            stat_rel=result.stat_rel,
-            status="diverged" if result.diverged else "ok",
-            reason=result.note,
-        )
-        return row
+            why = f"baseline entry has no tensor {base_slot}"
+            return dict(row, status="skipped", skip_class=NO_PARTNER, reason=why)
+        plan = transforms.Plan(rules, use_split, use_act)
+        return self.measure(row, record, base_record, base_cell, plan)
 
-    def _measure(self, record, base_record, base_cell, rules, use_split, use_act, limits, exact):
-        target_path = tensors.data_path(self.unit.target.data_dir, record)
-        base_path = tensors.data_path(self.unit.baseline.data_dir, base_record)
-        if target_path is None or base_path is None:
-            if (use_split and rules.split is not None) or (use_act and rules.act):
-                raise transforms.NotComparable("statistics of a part of a fused tensor cannot be compared")
-            return metrics.stats_metrics(record, base_record, limits, exact)
-        target = tensors.load(target_path)
-        groups = self.options.qkv_groups
-        if use_split and rules.split is not None and rules.split.kind == "qkv" and not groups:
-            groups = self.qkv_groups(base_cell)
-        baseline = transforms.to_target(
-            tensors.load(base_path), tuple(target.shape), rules, use_split, use_act, groups
-        )
-        return metrics.tensor_metrics(target, np.asarray(baseline), limits, exact)
+    def pair_weight(self, row, record, own, base_body, base_cell, rules: CompareRules) -> Dict[str, Any]:
+        name = row["slot"].partition(".")[2]
+        theirs = weight_records(base_body, gradients=row["kind"] == WEIGHT_GRAD)
+        partner, note = _weight_partner(name, own, theirs)
+        if partner is None:
+            return dict(row, status="skipped", skip_class=NO_PARTNER, reason=note)
+        row["baseline_slot"] = f"param.{partner}"
+        plan = transforms.Plan(rules, use_split=True, weight=True)
+        result = self.measure(row, record, theirs[partner], base_cell, plan)
+        if note and result["status"] != "skipped":
+            result["reason"] = "; ".join(r for r in (result.get("reason"), note) if r)
+        return result
+
+    def measure(self, row, record, base_record, base_cell, plan: transforms.Plan) -> Dict[str, Any]:
+        row.update(_describe(base_record, "baseline_"))
+        row["baseline_transform"] = plan.describe()
+        limits = thresholds_for(row["dtype"], row["baseline_dtype"], self.options.thresholds)
+        exact = limits == self.options.thresholds[EXACT]
+        if plan.split is not None and plan.split.kind == "qkv":
+            plan = transforms.Plan(plan.rules, plan.use_split, plan.use_act, plan.weight, self.qkv_groups(base_cell))
+        try:
+            measured = measure_pair(self.unit.target, record, self.unit.baseline, base_record, plan, limits, exact)
+        except transforms.NotComparable as err:
+            return dict(row, status="skipped", skip_class=NOT_COMPARABLE, reason=str(err))
+        return _measured_row(row, measured, limits)
 
     def qkv_groups(self, base_cell: str) -> Optional[int]:
-        """Query groups from the key input of the baseline's ``core_attention`` ([s, b, groups, head dim])."""
+        """Query groups: ``--qkv-groups``, checked against the key input of the baseline's
+        ``core_attention`` ([s, b, groups, head dim]) when there is one."""
         sibling = base_cell.rpartition(".")[0] + ".core_attention"
         if sibling not in self._groups:
             found = self.store.base_entry(sibling, FORWARD, 0)
             key = slot_record(found[1], "input.1") if found else None
             shape = key.get("shape") if key else None
             self._groups[sibling] = int(shape[-2]) if isinstance(shape, list) and len(shape) == 4 else None
-        return self._groups[sibling]
+        detected, given = self._groups[sibling], self.options.qkv_groups
+        if given and detected and given != detected:
+            raise CompareInputError(
+                f"--qkv-groups {given} does not match the baseline: the key input of {sibling} has "
+                f"{detected} query groups (shape [s, b, groups, head dim]); leave --qkv-groups out or give {detected}"
+            )
+        return given or detected
+
+
+def _slots(direction: str, body: Dict[str, Any]):
+    """(kind, direction, slot, record, the entry's weight names) of every tensor of an entry,
+    weights first as msprobe lists them."""
+    if direction == PARAMETERS_GRAD:
+        own = weight_records(body, gradients=True)
+        for name, record in own.items():
+            yield WEIGHT_GRAD, BACKWARD, f"param.{name}", record, tuple(own)
+        return
+    if direction == FORWARD:
+        own = weight_records(body)
+        for name, record in own.items():
+            yield WEIGHT, FORWARD, f"param.{name}", record, tuple(own)
+    for slot, record in tensor_slots(direction, body):
+        yield ACTIVATION, direction, slot, record, ()
+
+
+def _weight_partner(name: str, ours: Tuple[str, ...], theirs: Dict[str, Any]) -> Tuple[Optional[str], str]:
+    """The baseline weight ours pairs with (and a note), or None and the reason."""
+    if name in theirs:
+        return name, ""
+    if len(ours) == 1 and len(theirs) == 1:
+        (only,) = theirs
+        return only, f"the only weight of each cell ({name} against {only})"
+    if not theirs:
+        return None, "the baseline records no weights for this cell"
+    return None, f"baseline cell has no weight {name!r} (it has: {', '.join(theirs)})"
+
+
+def _describe(record: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    return {
+        f"{prefix}dtype": canonical_dtype(record.get("dtype")),
+        f"raw_{prefix}dtype": record.get("dtype"),
+        f"{prefix}shape": str(record.get("shape")),
+        f"{prefix}requires_grad": record.get("requires_grad"),
+        f"{prefix}md5" if prefix else "target_md5": record.get("md5"),
+    }
+
+
+def _measured_row(row, measured: Measured, limits: Thresholds) -> Dict[str, Any]:
+    result = measured.metrics
+    row.update(result.columns())
+    row["score"] = score(result, limits)
+    for side, stats in (("target", measured.target_stats), ("baseline", measured.baseline_stats)):
+        row.update({f"{side}_{key.lower()}": value for key, value in stats.items()})
+    for key in ("max", "min", "mean", "norm"):
+        ours, theirs = row.get(f"target_{key}"), row.get(f"baseline_{key}")
+        if ours is not None and theirs is not None:
+            row[f"{key}_diff"] = 0.0 if (ours == theirs) else ours - theirs
+    if measured.crc_match is not None:
+        row["crc_match"] = "yes" if measured.crc_match else "no"
+    row.update(status="diverged" if result.diverged else "ok", basis=measured.basis, reason=measured.reason)
+    return row
+
+
+def score(result, limits: Thresholds) -> float:
+    """The largest ratio of a metric to its threshold (above 1: diverged): one scale for every dtype."""
+    ratios = []
+    for value, limit in ((1.0 - result.cosine, 1.0 - limits.cosine), (result.rel_err, limits.rel_err),
+                         (result.stat_rel, limits.stat_rel)):
+        if value == value:  # not NaN
+            ratios.append(value / limit if limit > 0 else (math.inf if value > 0 else 0.0))
+    worst = max(ratios, default=0.0)
+    return math.inf if result.diverged and worst <= 1.0 else worst  # non-finite values that differ
 
 
 def map_slot(slot: str, direction: str, rules: CompareRules) -> Tuple[str, bool, bool, str]:

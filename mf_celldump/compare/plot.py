@@ -3,32 +3,52 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Mapping, Optional, Tuple
 
 from mf_celldump.compare.report import Divergence, layer_table
 from mf_celldump.compare.store import Store
+from mf_celldump.compare.thresholds import Thresholds, thresholds_for
 from mf_celldump.layout.naming import DIRECTIONS
 
 FLOOR = 1e-12  # plotted instead of 0 on the log axis
 MAX_TICKS = 40
 
 
+NO_PLOT = (
+    "no plot: no compared activation belongs to a depth group (cells named like model.layers.N, "
+    "the embedding, the final norm, the head)"
+)
+
+
+def dominant_limits(store: Store, step, rank, table) -> Tuple[str, Thresholds]:
+    """The dtype most compared activations of a unit have, and its thresholds (the lines on the plots)."""
+    row = store.query(
+        "select dtype, baseline_dtype, count(*) from pairs where status != 'skipped' and kind = 'activation' "
+        "and step is ? and rank = ? group by dtype, baseline_dtype order by count(*) desc limit 1",
+        (step, rank),
+    )
+    dtype, base_dtype = (row[0][0], row[0][1]) if row else ("float32", "float32")
+    return dtype or "float32", thresholds_for(dtype or "", base_dtype or "", table)
+
+
 def write_plot(
-    store: Store, path: str, step: str, rank: str, first: Optional[Divergence], title: str
-) -> bool:
-    """Write the PNG; False when there is nothing to plot."""
+    store: Store, path: str, step, rank, first: Optional[Divergence], title: str, table: Mapping[str, Thresholds]
+) -> str:
+    """Write the PNG; returns "" when written, else why there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = layer_table(store, step, rank)
-    if table.empty:
-        return False
-    labels = list(dict.fromkeys(table.sort_values("depth").layer))
+    layers = layer_table(store, step, rank)
+    if layers.empty:
+        return NO_PLOT
+    dtype, limits = dominant_limits(store, step, rank, table)
+    lines = {"1 - cosine": 1.0 - limits.cosine, "rel_err": limits.rel_err, "stat_rel": limits.stat_rel}
+    labels = list(dict.fromkeys(layers.sort_values("depth").layer))
     fig, axes = plt.subplots(2, 1, figsize=(min(16.0, max(6.0, 0.45 * len(labels) + 2)), 6.5), sharex=True)
     for axis, direction in zip(axes, DIRECTIONS):
-        part = table[table.direction == direction]
+        part = layers[layers.direction == direction]
         _series(
             axis,
             part,
@@ -39,6 +59,9 @@ def write_plot(
         )
         _series(axis, part, "rel_err", lambda r: r.rel_err, "tab:orange", "s")
         _series(axis, part, "stat_rel (statistics)", lambda r: r.stat_rel, "tab:green", "^")
+        for (_name, value), color in zip(lines.items(), ("tab:blue", "tab:orange", "tab:green")):
+            if value > 0:
+                axis.axhline(value, color=color, linestyle=":", linewidth=0.8)
         axis.set_yscale("log")
         axis.set_ylabel(direction)
         axis.grid(True, which="major", alpha=0.3)
@@ -61,11 +84,11 @@ def write_plot(
     every = max(1, len(labels) // MAX_TICKS)  # a deep model: label every n-th group
     axes[-1].set_xticks(range(0, len(labels), every))
     axes[-1].set_xticklabels(labels[::every], rotation=60, ha="right", fontsize=7)
-    axes[0].set_title(title, fontsize=9)
+    axes[0].set_title(f"{title}\ndotted: {dtype} thresholds", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return True
+    return ""
 
 
 def _series(axis, part, label, value, color, marker) -> None:

@@ -14,11 +14,14 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 PAIR_COLUMNS = (
     "step",
     "rank",
+    "folder",
     "pos",
+    "kind",
     "direction",
     "entry",
     "cell",
     "cell_class",
+    "layer",
     "slot",
     "baseline_entry",
     "baseline_slot",
@@ -26,32 +29,42 @@ PAIR_COLUMNS = (
     "baseline_dtype",
     "shape",
     "baseline_shape",
-    "transform",
+    "baseline_transform",
     "status",
+    "basis",
+    "skip_class",
     "reason",
     "cosine",
+    "euc_dist",
     "max_abs_err",
     "max_rel_err",
     "rel_err",
+    "one_thousandth_ratio",
+    "five_thousandths_ratio",
     "stat_rel",
+    "score",
+    "target_max",
+    "target_min",
+    "target_mean",
+    "target_norm",
+    "baseline_max",
+    "baseline_min",
+    "baseline_mean",
+    "baseline_norm",
     "max_diff",
     "min_diff",
     "mean_diff",
     "norm_diff",
-    "layer",
+    "crc_match",
+    "msprobe_result",
+    "msprobe_message",
 )
-_REAL = {
-    "cosine",
-    "max_abs_err",
-    "max_rel_err",
-    "rel_err",
-    "stat_rel",
-    "max_diff",
-    "min_diff",
-    "mean_diff",
-    "norm_diff",
+_INT = {"step", "rank", "pos"}
+_TEXT = {
+    "folder", "kind", "direction", "entry", "cell", "cell_class", "layer", "slot", "baseline_entry",
+    "baseline_slot", "dtype", "baseline_dtype", "shape", "baseline_shape", "baseline_transform", "status",
+    "basis", "skip_class", "reason", "crc_match", "msprobe_result", "msprobe_message",
 }
-_INT = {"pos"}
 
 
 class Store:
@@ -60,7 +73,7 @@ class Store:
         self.db.execute("pragma journal_mode=off")
         self.db.execute("pragma synchronous=off")
         columns = ", ".join(
-            f"{c} {'real' if c in _REAL else 'integer' if c in _INT else 'text'}" for c in PAIR_COLUMNS
+            f"{c} {'integer' if c in _INT else 'text' if c in _TEXT else 'real'}" for c in PAIR_COLUMNS
         )
         self.db.executescript(
             f"""
@@ -69,6 +82,7 @@ class Store:
             create index base_key on base (cell, direction, ordinal);
             create table target (pos integer primary key, name text, cell text, cls text, direction text,
                                  ordinal integer, body text);
+            create table base_totals (step integer, rank integer, kind text, direction text, tensors integer);
             """
         )
 
@@ -108,6 +122,13 @@ class Store:
         )
         for pos, name, cell, cls, direction, ordinal, body in cursor:
             yield pos, name, cell, cls, direction, ordinal, json.loads(body)
+
+    def add_base_totals(self, step, rank, totals: Dict[Tuple[str, str], int]) -> None:
+        """How many tensors the baseline side of a unit holds, per (kind, direction)."""
+        self.db.executemany(
+            "insert into base_totals values (?, ?, ?, ?, ?)",
+            ((step, rank, kind, direction, n) for (kind, direction), n in totals.items()),
+        )
 
     def target_count(self) -> int:
         return self.db.execute("select count(*) from target").fetchone()[0]

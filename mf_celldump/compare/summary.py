@@ -1,43 +1,115 @@
-"""A compare result as people read it (text) and as programs read it (JSON)."""
+"""A compare result as people read it (text) and as programs read it (JSON).
+
+The headline and the advice (what to check when the verdict cannot be trusted) are
+written here once and shown alike in the terminal, the JSON and the HTML report.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import Any, Dict, List, Optional
 
-from mf_celldump.compare.engine import CompareResult
+from mf_celldump.compare.coverage import Coverage, Part
+from mf_celldump.compare.engine import DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult
+from mf_celldump.compare.pairing import WEIGHT, WEIGHT_GRAD
+from mf_celldump.compare.report_data import json_ready
+
+REASON_LINES = 8
+_CLASS_NAMES = {"no_partner": "no partner", "by_design": "by design", "not_comparable": "not comparable"}
 
 
 def plain(value):
-    """JSON fallback: NaN as null, anything else as its text."""
-    return None if isinstance(value, float) and math.isnan(value) else str(value)
+    """JSON fallback: anything else as its text."""
+    return str(value)
 
 
-def to_json(result: CompareResult, code: int) -> dict:
+def header(result: CompareResult) -> Dict[str, Any]:
+    """What was compared and what came of it, as every output states it first."""
     return {
         "target": result.request.target,
         "baseline": result.request.baseline,
         "frameworks": list(result.frameworks),
         "tasks": list(result.tasks),
         "mapping": list(result.mapping_sources),
-        "units": result.units,
-        "unpaired": result.unpaired,
-        "first_divergence": result.first.to_json() if result.first else None,
-        "thresholds": {k: vars(v) for k, v in result.request.thresholds.items()},
-        "csv": result.csv_path,
-        "plot": result.plot_path,
-        "exit_code": code,
+        "verdict": result.verdict,
+        "headline": headline(result),
+        "advice": advice(result),
     }
 
 
-def _fmt(value) -> str:
+def to_json(result: CompareResult, code: int) -> dict:
+    return json_ready({
+        **header(result),
+        "units": result.units,
+        "unpaired": result.unpaired,
+        "coverage": result.coverage.to_json(),
+        "first_divergence": result.first.to_json() if result.first else None,
+        "weights": result.weights,
+        "crc": result.crc,
+        "thresholds": {k: vars(v) for k, v in result.request.thresholds.items()},
+        "output": result.request.output,
+        "csv": result.csv_path,
+        "plot": result.plot_path,
+        "plot_note": result.plot_note,
+        "html": result.html_path,
+        "exit_code": code,
+    })
+
+
+def fmt(value, cosine: bool = False) -> str:
+    """A metric for people: cosine always with 6 decimals, anything else with 3 significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return (
-        f"{value:.6f}"
-        if isinstance(value, float) and 0.0 <= value <= 1.0 and value > 0.99
-        else f"{value:.3g}"
-    )
+    if isinstance(value, str):
+        return value
+    return f"{value:.6f}" if cosine else f"{value:.3g}"
+
+
+def metric_text(item: Dict[str, Any]) -> str:
+    """The numbers a verdict rests on: cosine and errors for tensors, stat_rel for statistics."""
+    if item.get("basis") == "statistics" or (item.get("cosine") is None and item.get("stat_rel") is not None):
+        return f"stat_rel {fmt(item.get('stat_rel'))} (statistics)"
+    text = f"cosine {fmt(item.get('cosine'), cosine=True)}  rel_err {fmt(item.get('rel_err'))}"
+    if "max_abs_err" in item:
+        text += f"  max_abs_err {fmt(item.get('max_abs_err'))}"
+    return text
+
+
+def headline(result: CompareResult) -> str:
+    verdict, first = result.verdict, result.first
+    if verdict == DIVERGED and first is not None:
+        return (f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} rank {first.rank}): {first.entry}")
+    if verdict == DIVERGED:
+        return "WEIGHTS DIFFER; every compared activation is within thresholds"
+    if verdict == NOTHING:
+        return "NOTHING COMPARED: no target tensor found a baseline partner (see the reasons above)"
+    if verdict == LOW_COVERAGE:
+        short = ", ".join(f"{p.label} {p.comparable_fraction:.0%}" for p in result.coverage.short) or "activations 0%"
+        return (f"NO VERDICT: too little compared ({short} of the comparable tensors; the minimum is "
+                f"{result.coverage.minimum:.0%}); {result.compared} compared pairs are within thresholds")
+    return f"no divergence: all {result.compared} compared pairs are within thresholds"
+
+
+def advice(result: CompareResult) -> List[str]:
+    """What to check when the verdict rests on too little (empty when nothing is to check)."""
+    out = []
+    if result.swapped:
+        out.append(f"the target is a PyTorch dump and the baseline a {result.frameworks[1]} one: give your MindSpore "
+                   f"run first (mf-celldump compare {result.request.baseline} {result.request.target})")
+    if result.verdict in (NOTHING, LOW_COVERAGE):
+        out.append(
+            "check that the two dumps are of the same model, and the names with `mf-celldump mapping check MAPPING "
+            f"--target {result.request.target} --baseline {result.request.baseline}`; give --mapping (or fix it) "
+            "so the cells pair; --min-coverage lowers the minimum when a partial comparison is what you want"
+        )
+    if result.coverage.unreadable:
+        out.append(f"{result.coverage.unreadable} pairs were compared on statistics because a tensor file could not "
+                   "be read (see statistics_fallback); install torch to read PyTorch .pt files")
+    return out
+
+
+def _step(step: Optional[int]) -> str:
+    return "-" if step is None else str(step)
 
 
 def format_summary(result: CompareResult) -> str:
@@ -48,48 +120,118 @@ def format_summary(result: CompareResult) -> str:
     ]
     for unit in result.units:
         lines.append(
-            f"step {unit['step'] or '-'} {unit['rank']}: {unit['entries']} entries, "
+            f"step {_step(unit['step'])} rank {unit['rank']} ({unit['folder']}): {unit['entries']} entries, "
             f"{unit['tensors']} tensors: "
             f"{unit['ok']} within thresholds, {unit['diverged']} diverged, {unit['skipped']} not compared"
         )
     if result.unpaired:
         lines.append(f"no baseline partner for: {', '.join(result.unpaired)}")
-    if result.skipped:
-        lines.append("not compared, most frequent reasons:")
-        lines.extend(f"  {count:5d}  {reason}" for reason, count in result.skipped)
+    lines.extend(coverage_lines(result.coverage))
     lines.extend(_divergence_lines(result))
-    lines.append(f"table: {result.csv_path}")
-    if result.plot_path:
-        lines.append(f"plot:  {result.plot_path}")
+    lines.extend(weight_lines(result))
+    lines.extend(crc_lines(result.crc))
+    lines.extend(f"check: {item}" for item in advice(result))
+    lines.append(f"output:   {result.request.output}/")
+    lines.append(f"table:    {result.csv_path}")
+    lines.append(f"plot:     {result.plot_path}" if result.plot_path else result.plot_note)
+    if result.html_path:
+        lines.append(f"report:   {result.html_path}")
     return "\n".join(lines)
+
+
+def coverage_lines(coverage: Coverage) -> List[str]:
+    lines = [f"compared (of the target's tensors; a verdict needs {coverage.minimum:.0%} of the comparable "
+             "activations in each direction):"]
+    lines.extend(f"  {p.label:<17} {_part_text(p)}" for p in coverage.parts)
+    reasons = [r for r in coverage.reasons if r["class"] != "statistics_fallback"]
+    if reasons:
+        lines.append("not compared, by reason:")
+        lines.extend(
+            f"  {r['count']:5d}  [{_CLASS_NAMES.get(r['class'], r['class'])}, {r['kind']}] {r['reason']}"
+            for r in reasons[:REASON_LINES]
+        )
+        if len(reasons) > REASON_LINES:
+            lines.append(f"  ... {len(reasons) - REASON_LINES} more reasons in the CSV and --json")
+    lines.extend(f"  {r['count']:5d}  [{r['kind']}] {r['reason']}"
+                 for r in coverage.reasons if r["class"] == "statistics_fallback")
+    return lines
+
+
+def _part_text(part: Part) -> str:
+    text = f"{part.compared} of {part.target_tensors} ({part.fraction:.0%}"
+    if part.by_design:
+        text += f"; {part.comparable_fraction:.0%} of the {part.comparable} comparable"
+    text += ")"
+    if part.on_statistics:
+        text += f", {part.on_statistics} on statistics"
+    if part.baseline_tensors:
+        text += f"; baseline: {part.baseline_used} of {part.baseline_tensors} used ({part.baseline_fraction:.0%})"
+    return text
 
 
 def _divergence_lines(result: CompareResult) -> List[str]:
     first = result.first
-    if not result.compared:
-        return ["NOTHING COMPARED: no target tensor found a baseline partner (see the reasons above)"]
     if first is None:
-        return [f"no divergence: all {result.compared} compared pairs are within thresholds"]
-    lines = [
-        f"FIRST DIVERGENCE ({first.direction}, step {first.step or '-'} {first.rank}): {first.entry}",
-        f"  baseline: {first.baseline or '-'}",
-    ]
+        return [headline(result)] if result.verdict != DIVERGED else []
+    lines = [headline(result), f"  baseline: {first.baseline or '-'}"]
     for tensor in first.tensors:
         mark = "DIVERGED" if tensor["status"] == "diverged" else "ok"
         lines.append(
-            f"  {tensor['slot']:<12} {mark:<8} cosine {_fmt(tensor['cosine'])}  "
-            f"rel_err {_fmt(tensor['rel_err'])}  "
-            f"max_abs_err {_fmt(tensor['max_abs_err'])}  stat_rel {_fmt(tensor['stat_rel'])}"
-            + (f"  [{tensor['transform']}]" if tensor.get("transform") else "")
+            f"  {tensor['slot']:<12} {mark:<8} {metric_text(tensor)}"
+            + (f"  [{tensor['baseline_transform']}]" if tensor.get("baseline_transform") else "")
             + (f"  {tensor['reason']}" if tensor.get("reason") else "")
         )
+    if first.cause_note:
+        lines.append(f"  note: {first.cause_note}")
+        if first.last_ok:
+            lines.append(f"  last cell within thresholds before it: {first.last_ok}")
+        lines.extend(f"  not compared in between: {u['name']} ({u['reason']})" for u in first.upstream_unpaired)
     if first.parents:
-        lines.append("  parents: " + ", ".join(f"{p['cell']} ({p['status']})" for p in first.parents))
+        lines.append("  parents:")
+        lines.extend(f"    {p['cell']}: {p['status']} - {p['why']}" for p in first.parents)
     if first.next:
         lines.append("  next divergent cells:")
-        lines.extend(
-            f"    {item['direction']:<8} {item['name']}  cosine {_fmt(item['cosine'])}  "
-            f"rel_err {_fmt(item['rel_err'])}"
-            for item in first.next
+        lines.extend(f"    {item['direction']:<8} {item['name']}  {metric_text(item)}" for item in first.next)
+    return lines
+
+
+def crc_lines(crc: Dict[str, Any]) -> List[str]:
+    """The CRC-32 compare, when both dumps carry them (``md5``)."""
+    total = crc["identical"] + crc["different"]
+    if not total:
+        return []
+    line = f"CRC-32: {crc['identical']} of {total} pairs bit-identical"
+    if crc["different"]:
+        line += f"; first that differs: {crc['first_different']}"
+    return [line]
+
+
+def weight_lines(result: CompareResult) -> List[str]:
+    lines = []
+    for kind, label in ((WEIGHT, "WEIGHTS"), (WEIGHT_GRAD, "WEIGHT GRADIENTS")):
+        info = result.weights.get(kind) or {}
+        compared = (info.get("ok") or 0) + (info.get("diverged") or 0)
+        if not compared and not info.get("skipped"):
+            continue
+        if not info.get("diverged"):
+            lines.append(f"{label.lower()}: {compared} compared, all within thresholds")
+            continue
+        if kind == WEIGHT_GRAD and result.first is not None:
+            lines.append(f"{label.lower()}: {info['diverged']} of {compared} differ, after the divergent "
+                         "computation above")
+            continue
+        first = info["first"]
+        worst = first["metrics"]
+        when = "at step start" if kind == WEIGHT else "in the backward pass"
+        lines.append(
+            f"{label} DIFFER {when}: {info['diverged']} of {compared}; first {first['cell']} {worst['slot']} "
+            f"({metric_text(worst)}); a weight that differs {when} is a different diagnosis from a computation "
+            "that differs (conversion, loading, an optimizer step)"
+            if kind == WEIGHT else
+            f"{label} DIFFER: {info['diverged']} of {compared}; first {first['cell']} {worst['slot']} "
+            f"({metric_text(worst)})"
         )
     return lines
+
+
+__all__ = ["DIVERGED", "WITHIN", "format_summary", "to_json", "plain", "fmt", "headline", "advice"]

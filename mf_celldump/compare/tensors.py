@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -17,7 +18,12 @@ from numpy.lib import format as npformat
 
 
 class TensorFileError(ValueError):
-    """A tensor file is missing, outside the dump, or unreadable; the message names it."""
+    """A tensor file is missing, outside the dump, or unreadable; the message names it, ``why`` says
+    what is wrong without the path (for counting alike failures together)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path}: {why}")
+        self.why = why
 
 
 def data_path(data_dir: str, record: Mapping[str, Any]) -> Optional[str]:
@@ -26,10 +32,10 @@ def data_path(data_dir: str, record: Mapping[str, Any]) -> Optional[str]:
     if not isinstance(name, str) or not name or name == "-1":
         return None
     if os.sep in name or (os.altsep and os.altsep in name) or name in (".", ".."):
-        raise TensorFileError(f"data_name {name!r} is not a plain file name")
+        raise TensorFileError(f"data_name {name!r}", "is not a plain file name")
     path = os.path.join(data_dir, name)
     if os.path.islink(path) or os.path.islink(data_dir):  # a plain name can only leave through a link
-        raise TensorFileError(f"{path}: is a symlink; tensor files must be plain files inside {data_dir}")
+        raise TensorFileError(path, f"is a symlink; tensor files must be plain files inside {data_dir}")
     return path
 
 
@@ -45,41 +51,77 @@ def _check_npy_size(path: str) -> None:
         declared = math.prod(shape) * dtype.itemsize
         present = os.fstat(handle.fileno()).st_size - handle.tell()
     if present != declared and not dtype.hasobject:
-        raise TensorFileError(f"{path}: its header declares {declared} data bytes ({'x'.join(map(str, shape))} "
-                              f"{dtype}), the file holds {max(present, 0)}; not a whole tensor file")
+        raise TensorFileError(path, _size_mismatch(declared, present, shape, dtype))
+
+
+def _size_mismatch(declared: int, present: int, shape: tuple, dtype: np.dtype) -> str:
+    return (f"its header declares {declared} data bytes ({'x'.join(map(str, shape))} {dtype}), "
+            f"the file holds {max(present, 0)}; not a whole tensor file")
 
 
 def load(path: str) -> np.ndarray:
     """The array in ``path``; bfloat16 and other torch-only dtypes come back as float32."""
     if not os.path.isfile(path):
-        raise TensorFileError(f"{path}: missing")
+        raise TensorFileError(path, "missing")
     try:
         if path.endswith(".pt"):
             return _load_pt(path)
-        _check_npy_size(path)
-        array = np.load(path, allow_pickle=False)
+        array = _load_npy(path)
     except TensorFileError:
         raise
     except (OSError, ValueError, EOFError, SyntaxError, TypeError) as err:
-        raise TensorFileError(f"{path}: unreadable: {err}") from None
+        raise TensorFileError(path, f"unreadable: {err}") from None
     except MemoryError:
-        raise TensorFileError(f"{path}: too large for the memory available") from None
+        raise TensorFileError(path, "too large for the memory available") from None
     if array.dtype.kind not in "biuf":
-        raise TensorFileError(f"{path}: holds {array.dtype} values, not numbers")
+        raise TensorFileError(path, f"holds {array.dtype} values, not numbers")
     return array
+
+
+# The header of a version 1-3 .npy file holding a plain array of numbers, as numpy writes it
+# (numpy/lib/format.py: a dict literal with descr, fortran_order, shape).
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER = re.compile(
+    r"^\{'descr': '([<>|=][biuf][0-9]+)', 'fortran_order': (True|False), 'shape': \(([0-9, ]*)\), \} *\n$"
+)
+
+
+def _load_npy(path: str) -> np.ndarray:
+    """A .npy file of numbers, its header parsed by a regular expression (numpy's own parser evaluates
+    it as a Python literal, the larger part of the time for small tensors); any other header goes to
+    ``np.load(allow_pickle=False)``. Nothing is ever unpickled."""
+    with open(path, "rb") as handle:
+        prefix = handle.read(10)
+        if len(prefix) == 10 and prefix[:6] == _NPY_MAGIC and prefix[6] == 1:
+            size = int.from_bytes(prefix[8:10], "little")
+            match = _NPY_HEADER.match(handle.read(size).decode("latin1"))
+            if match:
+                descr, fortran, dims = match.groups()
+                shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+                count = math.prod(shape)
+                dtype = np.dtype(descr)
+                present = os.fstat(handle.fileno()).st_size - handle.tell()
+                if present != count * dtype.itemsize:  # checked before anything is allocated
+                    raise TensorFileError(path, _size_mismatch(count * dtype.itemsize, present, shape, dtype))
+                array = np.fromfile(handle, dtype=dtype, count=count)
+                if array.size != count:
+                    raise ValueError(f"{count} values expected, {array.size} found")
+                return array.reshape(shape, order="F" if fortran == "True" else "C")
+    _check_npy_size(path)
+    return np.load(path, allow_pickle=False)
 
 
 def _load_pt(path: str) -> np.ndarray:
     try:
         import torch
     except ImportError:
-        raise TensorFileError(f"{path}: reading PyTorch .pt files needs torch installed") from None
+        raise TensorFileError(path, "reading PyTorch .pt files needs torch installed") from None
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a bad file; all mean "unreadable"
-        raise TensorFileError(f"{path}: unreadable: {type(err).__name__}: {err}") from None
+        raise TensorFileError(path, f"unreadable: {type(err).__name__}: {err}") from None
     if not isinstance(value, torch.Tensor):
-        raise TensorFileError(f"{path}: holds {type(value).__name__}, not a tensor")
+        raise TensorFileError(path, f"holds {type(value).__name__}, not a tensor")
     if value.dtype in (torch.bfloat16, torch.float16) or not value.dtype.is_floating_point:
         value = value.float() if value.dtype.is_floating_point else value
     return value.detach().cpu().numpy()

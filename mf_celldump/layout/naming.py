@@ -100,10 +100,12 @@ class EntryName:
     call: int
 
 
-def parse_entry_name(name: str) -> Optional[EntryName]:
-    """Parse a cell/module entry name; None for anything else (API entries, ``parameters_grad``)."""
+def parse_entry_name(name: str, parameters_grad: bool = False) -> Optional[EntryName]:
+    """Parse a cell/module entry name; None for anything else (API entries, and ``parameters_grad``
+    entries unless asked for: their ``direction`` is then ``parameters_grad``)."""
     parts = name.split(".")
-    if len(parts) < 5 or parts[0] not in CELL_PREFIXES or parts[-2] not in DIRECTIONS:
+    kinds = (*DIRECTIONS, PARAMETERS_GRAD) if parameters_grad else DIRECTIONS
+    if len(parts) < 5 or parts[0] not in CELL_PREFIXES or parts[-2] not in kinds:
         return None
     if not parts[-1].isdigit():
         return None

@@ -74,3 +74,18 @@ def slot_record(body: Dict[str, Any], slot: str) -> Optional[Dict[str, Any]]:
         else:
             return None
     return node if is_tensor(node) else None
+
+
+def weight_records(body: Dict[str, Any], gradients: bool = False) -> Dict[str, Dict[str, Any]]:
+    """The cell's own weights (a forward entry's ``parameters``) or, with ``gradients``, their
+    gradients (a ``parameters_grad`` entry: ``{name: [T]}``), by weight name, in dump order."""
+    holder = body if gradients else body.get(PARAMETERS)
+    out: Dict[str, Dict[str, Any]] = {}
+    if not isinstance(holder, dict):
+        return out
+    for name, value in holder.items():
+        if isinstance(value, (list, tuple)):
+            value = next((item for item in value if is_tensor(item)), None)
+        if is_tensor(value):
+            out[str(name)] = value
+    return out

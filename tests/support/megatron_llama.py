@@ -17,7 +17,11 @@ rate 0 so the weights stay) dumped into ``OUT/NAME``:
 
 Variants change our side only: ``clean``; ``perturb`` scales
 ``model.layers.1.attention.wo.weight`` by 1.05; ``nan`` sets one element of
-``model.layers.1.feed_forward.w2.weight`` to NaN. Run in a scratch working directory
+``model.layers.1.feed_forward.w2.weight`` to NaN; ``w3`` adds -0.17 to one element of
+``model.layers.1.feed_forward.w3.weight`` (a change that moves the output's Mean by
+percents but its Max, Min and Norm by less than 1e-3); ``rope`` builds the model with
+RoPE theta 5000 instead of 10000 (the cause sits in ``apply_rotary_emb``, a cell that
+has no Megatron partner). Run in a scratch working directory
 (``import mindformers`` creates ``./output``). Prints one JSON line per run with its loss.
 """
 
@@ -35,7 +39,10 @@ from tests.support.megatron_gpt import TinyGPT  # noqa: E402  (no torch import a
 
 PERTURBED = "model.layers.1.attention.wo.weight"
 POISONED = "model.layers.1.feed_forward.w2.weight"
-VARIANTS = ("clean", "perturb", "nan")
+NUDGED = "model.layers.1.feed_forward.w3.weight"
+NUDGE = (138, 22, -0.17)  # row, column, added value: the output's Mean -2.4%, Norm -6e-6, Max and Min unchanged
+VARIANTS = ("clean", "perturb", "nan", "w3", "rope")
+ROPE_THETA = {"rope": 5000.0}  # Megatron's rotary base is 10000
 
 
 def convert(meg: dict, cfg: TinyGPT) -> dict:
@@ -78,12 +85,17 @@ def apply_variant(params: dict, variant: str) -> dict:
         poisoned = params[POISONED].copy()
         poisoned[3, 5] = np.nan
         params[POISONED] = poisoned
-    elif variant != "clean":
+    elif variant == "w3":
+        nudged = params[NUDGED].copy()
+        row, column, value = NUDGE
+        nudged[row, column] += np.float32(value)
+        params[NUDGED] = nudged
+    elif variant not in ("clean", "rope"):
         raise SystemExit(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
     return params
 
 
-def build(cfg: TinyGPT, params: dict, mode: str = "pynative"):
+def build(cfg: TinyGPT, params: dict, mode: str = "pynative", theta: float = 10000.0):
     """LlamaForCausalLM of the same sizes, on CPU (PyNative or graph mode), with ``params`` loaded;
     plus its train step."""
     import mindspore as ms
@@ -101,6 +113,7 @@ def build(cfg: TinyGPT, params: dict, mode: str = "pynative"):
         vocab_size=cfg.vocab_size,
         intermediate_size=cfg.ffn_hidden_size,
         rms_norm_eps=cfg.eps,
+        theta=theta,
         use_rope_slice=True,
         fused_rms_norm=False,
         use_flash_attention=False,
@@ -186,7 +199,8 @@ def main(argv=None) -> int:
         name, _, rest = spec.partition(":")
         variant, _, task = rest.partition(":")
         mode = args.mode if args.tool == "ours" else "pynative"
-        net, train = build(cfg, apply_variant(base, variant or "clean"), mode)
+        theta = ROPE_THETA.get(variant, 10000.0)
+        net, train = build(cfg, apply_variant(base, variant or "clean"), mode, theta)
         target = os.path.join(args.out, name)
         if args.tool == "ours":
             loss = dump_ours(train, batch, target, task or "tensor")
