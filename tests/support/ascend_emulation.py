@@ -195,12 +195,15 @@ class AscendEmulator:
         register = self._registrar(attrs, "Default")
         host_op = _host_op(self._launch_forward)
         host_op.add_prim_attr("side_effect_io", True)
-        is_bf16, cast, int32 = _is_bf16_helper(), ops.cast, ms.int32
+        is_bf16, cast, int32, stop_gradient = _is_bf16_helper(), ops.cast, ms.int32, ops.stop_gradient
 
         def tensordump(file, x):
             code = register(file, x.dtype, input_output)
             if is_bf16(x.dtype):
-                x = cast(x, ms.float32)  # a pyfunc takes no bfloat16; TDU stores bf16 as float32 anyway
+                # A pyfunc takes no bfloat16; TDU stores bf16 as float32 anyway. No gradient flows into a
+                # TensorDump (GDO bprop_tensor_dump: zeros): without stop_gradient the cast's zero gradient
+                # would be summed with the value's own in a bfloat16 AddN, which has no CPU kernel.
+                x = cast(stop_gradient(x), ms.float32)
             return host_op(x, Tensor(code, int32))
 
         def add_prim_attr(key, value):  # Primitive.add_prim_attr: seen by graphs compiled afterwards
@@ -631,6 +634,29 @@ def _statistic(name: str, data: np.ndarray) -> str:
     return repr(float(np.float32(values[name]())))
 
 
+def _round_to(value: float, dtype: str) -> float:
+    """``value`` rounded to nearest-even in a 16-bit float dtype (bfloat16: the top half of a float32)."""
+    if dtype == "Float16":
+        return float(np.float16(value))
+    if dtype != "BFloat16":
+        return value
+    bits = np.array([value], np.float32).view(np.uint32)
+    if np.isfinite(value):
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return float(bits.view(np.float32)[0])
+
+
+def _device_statistic(name: str, data: np.ndarray, dtype: str) -> str:
+    """A statistic as the device kernel gives it: its result tensor is allocated in the INPUT's dtype
+    (statistic_kernel.cc: GetOutputDeviceAddress(input->dtype_id())), so a bfloat16/float16 input's
+    max/min/mean/norm come back rounded to that dtype (the accumulation itself is not settled from
+    source; here float64, so only the result's rounding is modelled)."""
+    text = _statistic(name, data)
+    if text == "null" or dtype not in ("BFloat16", "Float16"):
+        return text
+    return repr(float(np.float32(_round_to(float(text), dtype))))
+
+
 def _append_rows(folder: str, op_name: str, rows, array: np.ndarray, dtype: str, categories: List[str]) -> None:
     """DU Write2File + CSV WriteToCsv: the header once (no trailing comma), each value followed by ','."""
     if array.size == 0:
@@ -646,7 +672,7 @@ def _append_rows(folder: str, op_name: str, rows, array: np.ndarray, dtype: str,
             shape = '"(' + ",".join(str(d) for d in array.shape) + ')"'  # DU ShapeToString
             # Task ID 0; a timestamp per tensor (Common::GetTimeStamp()); TypeIdToString(type, true): lower case.
             values = ["TensorDump", op_name, "0", "0", str(time.time_ns() // 1000), io_name, str(slot),
-                      str(nbytes), dtype.lower(), shape] + [_statistic(c, array) for c in categories]
+                      str(nbytes), dtype.lower(), shape] + [_device_statistic(c, array, dtype) for c in categories]
             out.write("".join(v + "," for v in values) + "\n")
 
 

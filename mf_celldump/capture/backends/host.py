@@ -107,6 +107,8 @@ def _as_computed(data, declared: Optional[str]):
     (float64, int64, bool).
     """
     array = _owned(data)
+    if declared == "bfloat16" and array.dtype == np.float32:
+        return array, declared  # passed as float32 by ``through_float32`` (a pyfunc op takes no bfloat16)
     if isinstance(data, np.ndarray) or not declared:
         return array, array.dtype.name
     kind = next((k for prefix, k in _NAME_KINDS if declared.startswith(prefix)), None)
@@ -115,6 +117,34 @@ def _as_computed(data, declared: Optional[str]):
     if declared != "bfloat16":
         array = array.astype(declared)
     return array, declared
+
+
+def through_float32(op: Callable, with_call: bool = True) -> Callable:
+    """``op(x, key[, call])`` for a value of any dtype (graph-parsable; also eager in PyNative).
+
+    A pyfunc op takes no bfloat16 (numpy has no buffer format for it: "cannot include dtype
+    'E' in a buffer", MindSpore 2.9 CPU, both modes), so a bfloat16 value goes through as
+    float32 and comes back as bfloat16, both casts exact; its gradient takes the same way
+    back. The key still says bfloat16 (the compile-time dtype), and ``_as_computed`` records
+    the float32 array under that name, as the raw format stores bfloat16.
+    """
+    cast, float32, bfloat16 = ops.cast, ms.float32, ms.bfloat16
+
+    @constexpr
+    def is_bf16(dtype):
+        return dtype == bfloat16
+
+    if with_call:
+        def run(x, key, call):
+            if is_bf16(x.dtype):
+                return cast(op(cast(x, float32), key, call), bfloat16)
+            return op(x, key, call)
+    else:
+        def run(x, key):
+            if is_bf16(x.dtype):
+                return cast(op(cast(x, float32), key), bfloat16)
+            return op(x, key)
+    return run
 
 
 def _same_shape(x_shape, *key_shapes):
@@ -285,14 +315,16 @@ class HostPyNative(PyNativeFace):
     def __init__(self, backend: HostBackend):
         self.backend = backend
         self._no_call = Tensor((UNKNOWN_CALL,), ms.int32)  # the key itself holds the call number
+        self._input_probe = through_float32(backend.input_probe_op)
+        self._probe = through_float32(backend.probe_op)
         self.gradient_hooks = GradientHookCache(backend.context.runtime, backend.emit_gradient)
 
     def forward(self, value, key: ProbeKey, mode: str):
         backend = self.backend
         if isinstance(value, Tensor):
             codes = Tensor(_dtype_code(value.dtype) + (0, 0) + key.to_codes(), dtype=ms.int32)
-            op = backend.input_probe_op if key.slot == SLOT_ARG else backend.probe_op
-            return op(value, codes, self._no_call)
+            probe = self._input_probe if key.slot == SLOT_ARG else self._probe
+            return probe(value, codes, self._no_call)
         kind = kind_of_value(value)
         if kind is not None and backend.config.captures_forward:
             backend.context.sink.value(key.with_kind(kind), value)
@@ -322,7 +354,7 @@ class HostGraph(GraphFace):
         return call_number
 
     def probe_function(self) -> Callable:
-        probe_op, value_op = self.backend.probe_op, self.backend.value_op
+        probe_op, value_op = through_float32(self.backend.probe_op), self.backend.value_op
         forward_enabled = self.backend.config.captures_forward
         int32, int64, float32, bool_ = ms.int32, ms.int64, ms.float32, ms.bool_
         key_codes = _make_graph_key_codes()
@@ -360,7 +392,8 @@ class HostGraph(GraphFace):
     def input_gradients_function(self) -> Optional[Callable]:
         if not self.backend.config.captures_backward:
             return None
-        grad_op, null_op, int32, arg_code = self.backend.grad_op, self.backend.null_op, ms.int32, SLOT_CODES[SLOT_ARG]
+        grad_op, null_op = through_float32(self.backend.grad_op), self.backend.null_op
+        int32, arg_code = ms.int32, SLOT_CODES[SLOT_ARG]
         none_code = KIND_CODES[KIND_NONE]
         key_codes = _make_graph_key_codes()
         no_call = Tensor((UNKNOWN_CALL,), int32)  # the tie's function sees gradients only: processing numbers
@@ -392,7 +425,7 @@ class HostGraph(GraphFace):
         return for_cell
 
     def gradient_probe_function(self) -> Callable:
-        record_op, int32 = self.backend.record_op, ms.int32
+        record_op, int32 = through_float32(self.backend.record_op, with_call=False), ms.int32
         key_codes = _make_graph_key_codes()
 
         def gradient_probe(value, head, path):
