@@ -170,6 +170,28 @@ class InputTie:
     before_probes: bool = False
 
 
+def joined_gradients() -> Callable:
+    """``on_gradients`` for a tie before the probes: each gradient returned ``depend``-ed on all of them.
+
+    A recording in a probe's bprop is joined to the gradient it passes on by data or ``depend``
+    only; the gradient of an input used by nothing upstream (a mask from the batch) is dropped by
+    the compiler, and the recording with it, unless another gradient of the call depends on it.
+    ``depend`` returns its first input, so no value changes. Graph-parsable."""
+    from mindspore import ops
+
+    depend = ops.depend
+
+    def joined(gradients, anchor):
+        if not gradients:
+            return ()
+        return (depend(gradients[0], anchor),) + joined(gradients[1:], anchor)
+
+    def on_gradients(gradients):
+        return joined(gradients, gradients)
+
+    return on_gradients
+
+
 class CaptureBackend:
     """One way of capturing; see the module docstring. Subclasses set ``name``, and override
     the faces they have and the lifecycle hooks they need (like accelerate's ``ModelHook``)."""

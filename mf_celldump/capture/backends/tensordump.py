@@ -29,7 +29,14 @@ from mindspore import Parameter, Tensor, ops
 from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
-from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
+from mf_celldump.capture.backends.base import (
+    BackendContext,
+    CaptureBackend,
+    GraphFace,
+    InputTie,
+    PyNativeFace,
+    joined_gradients,
+)
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.rawformat.keys import (
@@ -300,14 +307,7 @@ class TensorDumpGraph(GraphFace):
         prefix = self.backend.context.writer.placeholder_step_dir() + os.sep
         sep = self.backend.stem_separator
         null_path = _make_null_path()
-
-        def joined(gradients, anchor):
-            if not gradients:
-                return ()
-            return (depend(gradients[0], anchor),) + joined(gradients[1:], anchor)
-
-        def on_gradients(gradients):
-            return joined(gradients, gradients)
+        on_gradients = joined_gradients()
 
         def for_cell(cell_id):
             def no_gradient(tensors, rank):
