@@ -111,7 +111,7 @@ def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tupl
 def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str],
                    shape_of: Optional[ShapeOf] = None) -> List[Entry]:
     """Entries in execution order with parents and data names; duplicates become problems."""
-    assign_calls(captures, shape_of)
+    assign_calls(captures, shape_of, ctx.manifest.micro_batches)
     entries = group_entries(captures, ctx.manifest.cells, problems)
     link_parents(entries)
     safe = []

@@ -183,7 +183,8 @@ class AscendEmulator:
             run_op_tensordump=self.run_op_tensordump, tensordump_python=self.tensordump_python,
             tensordump_set_step=self.tensordump_set_step, synchronize=self.synchronize,
             set_init_iter=self.set_init_iter, dump_step=self.dump_step,
-            make_marker_tensor=lambda: Tensor([0.0], ms.float32), environ=self.environ)
+            make_marker_tensor=lambda: Tensor([0.0], ms.float32), environ=self.environ,
+            auto_parallel_context=self.auto_parallel_context)
 
     # ------------------------------------------------------------------ graph stand-ins
     def tensordump(self, input_output: str = "out") -> Callable:
@@ -285,6 +286,16 @@ class AscendEmulator:
             logger.warning("Costomized step function has not enabled, step update does not work!")
         if self._kbk is not None:
             self._kbk.cur_user_iter += int(step)
+
+    def auto_parallel_context(self, key: str) -> Any:
+        """``mindspore.get_auto_parallel_context(key)`` of the emulated job: ``parallel`` means
+        semi_auto_parallel; ``parallel_context`` (a test sets it) adds pipeline settings."""
+        values = {"parallel_mode": "semi_auto_parallel" if self.parallel else "stand_alone", "pipeline_stages": 1,
+                  "pipeline_interleave": False, "pipeline_scheduler": "1f1b"}
+        values.update(getattr(self, "parallel_context", {}))
+        if key not in values:
+            raise ValueError(f"Get context keyword {key} is not recognized!")
+        return values[key]
 
     # ------------------------------------------------------------------ test controls (no MindSpore twin)
     def pause(self) -> None:

@@ -47,6 +47,8 @@ class AscendPrimitives:
     dump_step: Callable[[int], None]  # _c_expression._dump_step
     make_marker_tensor: Callable[[], Any]  # the small tensor markers carry
     environ: MutableMapping[str, str] = field(default_factory=lambda: os.environ)
+    # mindspore.get_auto_parallel_context: the settings that decide how micro-batches are scheduled
+    auto_parallel_context: Callable[[str], Any] = field(default_factory=lambda: _auto_parallel_context)
 
     @classmethod
     def from_mindspore(cls) -> AscendPrimitives:
@@ -108,6 +110,12 @@ class AscendPrimitives:
         # The python-path counter serves eager TensorDump calls ({step} in PyNative code);
         # msprobe 26.2 and MindSpore's own hybrid test move it too.
         self.tensordump_python(UPDATE_STEP_FLAG, marker)
+
+
+def _auto_parallel_context(key: str) -> Any:
+    import mindspore as ms
+
+    return ms.get_auto_parallel_context(key)
 
 
 def _module(name: str, version: str):

@@ -209,6 +209,19 @@ class CaptureBackend:
         marker itself and processing waits for MindSpore's."""
         return False
 
+    @property
+    def pairs_backward_by_order(self) -> bool:
+        """True when backward captures carry no call number, so processing pairs each with a forward call by
+        execution order (graph-mode TensorDump); the micro-batch schedule must then be known
+        (``capture/micro_batches.py``)."""
+        return False
+
+    def parallel_settings(self):
+        """MindSpore's auto-parallel settings as they schedule micro-batches (``micro_batches.ParallelSettings``)."""
+        from mf_celldump.capture.micro_batches import mindspore_parallel_settings
+
+        return mindspore_parallel_settings()
+
     def setup(self, initial_step: int) -> None:
         """Called once at attach, before any compile. May raise ``BackendSetupError``."""
 

@@ -39,6 +39,7 @@ from mf_celldump.capture.backends.base import (
 )
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
+from mf_celldump.capture.micro_batches import ParallelSettings
 from mf_celldump.rawformat.keys import (
     BACKWARD,
     CODE_SLOTS,
@@ -75,6 +76,13 @@ class TensorDumpBackend(CaptureBackend):
     @property
     def writes_later(self) -> bool:
         return self.graph_mode
+
+    @property
+    def pairs_backward_by_order(self) -> bool:
+        return self.graph_mode  # file names are fixed when the graph is compiled: no call in them
+
+    def parallel_settings(self) -> ParallelSettings:
+        return ParallelSettings.read(self.primitives.auto_parallel_context)
 
     def manifest_fields(self) -> dict:
         if not self.graph_mode:
