@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Tuple
 from mf_celldump import fsutil
 from mf_celldump.layout import naming
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
+from mf_celldump.processing.consumer_parts import merge_consumer_parts
 from mf_celldump.processing.entries import Entry, ShapeOf, assign_calls, group_entries, link_parents
 from mf_celldump.processing.errors import NpyReadError
 from mf_celldump.processing.existing_output import foreign_in_output, is_output
@@ -109,8 +110,10 @@ def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tupl
 
 
 def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str],
-                   shape_of: Optional[ShapeOf] = None) -> List[Entry]:
+                   shape_of: Optional[ShapeOf] = None, warnings: Optional[List[str]] = None) -> List[Entry]:
     """Entries in execution order with parents and data names; duplicates become problems."""
+    if shape_of is not None:
+        captures = merge_consumer_parts(captures, shape_of, problems, warnings if warnings is not None else problems)
     assign_calls(captures, shape_of, ctx.manifest.micro_batches)
     entries = group_entries(captures, ctx.manifest.cells, problems)
     link_parents(entries)
@@ -158,7 +161,7 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
                 continue
             linked = data_dir is not None and capture.key.kind == KIND_TENSOR
             tasks.append(FileTask(len(by_index), capture.file, capture.data_name if linked else None,
-                                  capture.key.kind))
+                                  capture.key.kind, capture.parts))
             by_index.append(capture)
     failed: Dict[int, int] = {}
 
@@ -213,7 +216,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
                                          os.path.join(retired, naming.TENSOR_DIR))
     entries = _build_entries(ctx, inputs.captures, outcome.problems,
-                             _shape_reader(ctx, source.raw_dir, our_links))
+                             _shape_reader(ctx, source.raw_dir, our_links), outcome.warnings)
     partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
     fsutil.make_dir(step_out)
     fsutil.remove_tree(partial)

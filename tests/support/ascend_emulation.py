@@ -353,6 +353,11 @@ class AscendEmulator:
     # ------------------------------------------------------------------ kernel launch
     def _launch_forward(self, x, code):
         launch = self._launches[int(np.asarray(code))]
+        if any(value.deletes(launch) for value in getattr(self, "redistributed", ())):
+            return x  # PTD HandleDumpAfterRedistributionNode replaced this node by its input
+        return self._launch(launch, x)
+
+    def _launch(self, launch: _Launch, x):
         # The kernel copies the tensor into the channel; a pyfunc sees a view of a buffer MindSpore
         # reuses once the op returns, so copy now. A 0-d tensor arrives as a Python scalar.
         array = np.array(x, copy=True)
@@ -504,6 +509,89 @@ class AscendEmulator:
             rows.append(("output", 0))
         with self._lock:
             _append_rows(folder, op_name, rows, array, launch.dtype, kbk.categories)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the parallel pass's per-consumer dumps
+# ---------------------------------------------------------------------------------------------------
+class RedistributedValue:
+    """A probed value whose consumers each need a redistribution, and what MindSpore's parallel pass does to
+    its dumps (PTD ``HandleDumpAfterRedistributionNode``): the value's ``'in'`` TensorDump and ``'out'``
+    DumpGradient are deleted (``Replace(dump_node, parent)``); for each consumer a clone of each is put
+    between the consumer and its redistribution (``MakeOutModeDumpBwdHookAfterRedistribution``,
+    ``InsertNewTensorDump``: same file input, the consumer's scope, ``side_effect_hidden``), so the
+    forward dump holds the value as that consumer takes it and the gradient dump the gradient coming
+    back from that consumer, in its layout.
+
+    The redistribution itself does not exist on one CPU. The test's network calls ``consumer(i)`` on
+    the probed value where consumer i takes it: layout ``"same"`` passes it on, ``"half"`` keeps the
+    first half of its last axis (this rank's shard of a split layout; its backward pads with zeros, as a
+    redistribution's backward returns the gradient to the producer's layout). Which dumps the pass finds
+    is decided from the graph by MindSpore; here the test names the probe (``bind``, after attach: the
+    stems of its forward and gradient files, tests/support/formats.raw_stem).
+    """
+
+    def __init__(self, emulator: AscendEmulator, layouts: Sequence[str]):
+        self.emulator, self.layouts = emulator, tuple(layouts)
+        self.stems: Optional[tuple] = None
+        self._clones: Dict[tuple, _Launch] = {}
+        emulator.redistributed = list(getattr(emulator, "redistributed", [])) + [self]
+
+    def bind(self, forward_stem: str, gradient_stem: str) -> None:
+        self.stems = (forward_stem.replace("-", "."), gradient_stem.replace("-", "."))
+
+    def _matches(self, launch: _Launch, direction: int) -> bool:
+        """Forward: the value's 'in' TensorDump (PPP named it ``_in.npy``); backward: its 'out' DumpGradient,
+        whose file input has no ``_in`` ('in' DumpGradients are not moved by this pass)."""
+        if self.stems is None:
+            return False
+        name = os.path.basename(launch.name).replace("-", ".")
+        if direction == 0:
+            return launch.attrs.get("input_output") == "in" and name == self.stems[0] + "_in.npy"
+        return launch.scope.startswith("Gradients/") and name == self.stems[1]
+
+    def deletes(self, launch: _Launch) -> bool:
+        return self._matches(launch, 0) or self._matches(launch, 1)
+
+    def consumer(self, index: int) -> Callable:
+        """Graph-parsable ``redistribute(x)`` for consumer ``index``: its layout, then the pass's new dumps."""
+        value, code = self, index
+
+        def forward_body(x, unused):
+            value._dump(code, 0, x)
+            return x
+
+        def backward_body(dout, unused):
+            value._dump(code, 1, dout)
+            return dout
+
+        record_gradient = _host_op(backward_body)
+
+        def bprop(x, unused, out, dout):
+            return record_gradient(dout, unused), ops.zeros_like(unused)
+
+        hook, int32 = _host_op(forward_body, bprop=bprop), ms.int32
+        if self.layouts[index] == "half":
+            def redistribute(x):
+                return hook(x[:, :x.shape[1] // 2], Tensor(0, int32))
+        else:
+            def redistribute(x):
+                return hook(x, Tensor(0, int32))
+        return redistribute
+
+    def _dump(self, consumer: int, direction: int, x) -> None:
+        originals = [launch for launch in self.emulator._launches if self._matches(launch, direction)]
+        if not originals:
+            return  # nothing dumped this value in that direction
+        original = originals[0]
+        clone = self._clones.get((consumer, direction))
+        if clone is None:
+            attrs = dict(original.attrs, side_effect_hidden=True)
+            scope = f"Default/consumer{consumer}/TensorDump-op{len(self.emulator._launches)}"
+            if direction:
+                scope = "Gradients/" + scope
+            clone = self._clones[(consumer, direction)] = _Launch(original.name, original.dtype, attrs, scope)
+        self.emulator._launch(clone, x)
 
 
 # ---------------------------------------------------------------------------------------------------
