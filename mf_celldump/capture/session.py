@@ -207,7 +207,8 @@ class CellDump:
             self._parameters = ParameterCapture.for_cells(self.config, self.runtime, self.backend.context.sink,
                                                           [(s.cell_id, s.cell) for s in self.cells])
             self._parameters.capture_gradients(self.network, graph_mode,
-                                               face.gradient_probe_function() if graph_mode else None)
+                                               face.gradient_probe_function() if graph_mode else None,
+                                               not graph_mode or face.dumps_in_control_flow)
 
     def _manifest(self, graph_mode: bool) -> Manifest:
         import mindspore as ms

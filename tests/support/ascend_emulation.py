@@ -25,6 +25,7 @@ later files from the search index; /work/notes/issue8/FACTS.md quotes them):
   PTD   mindspore/ccsrc/frontend/parallel/graph_util/parallel_tensordump.cc
   SP    mindspore/ccsrc/frontend/parallel/step_parallel.cc
   DBG   mindspore/python/mindspore/ops/operations/debug_ops.py
+  DBGF  mindspore/python/mindspore/ops/function/debug_func.py
   GDO   mindspore/python/mindspore/ops/_grad_experimental/grad_debug_ops.py
   DJP   mindspore/ccsrc/tools/data_dump/dump_json_parser.cc (debug/data_dump/ up to 2.7.0)
   DA    mindspore/ccsrc/runtime/graph_scheduler/actor/debug_actor.cc
@@ -35,8 +36,10 @@ later files from the search index; /work/notes/issue8/FACTS.md quotes them):
   UH    mindspore/ccsrc/debug/utils.h
   CSV   mindspore/ccsrc/include/backend/debug/common/csv_writer.h
 
-Limits (see docs/capture.md): the redistribution itself does not exist on one CPU, so
-only the ``_in`` naming and the gradient pairing are checked; the number format of
+Limits (see docs/capture.md and docs/ascend-emulation.md): the redistribution itself does
+not exist on one CPU, so the parallel pass's per-consumer dumps are reproduced for the
+consumers a test declares (``RedistributedValue``); TensorDump in control flow is refused
+by counting dumps against the compiled top graph (``ControlFlowCheck``); the number format of
 statistic values and whether an input-slot-0 row exists are not settled from source
 (here: ``repr`` of a float32, no slot-0 row); sink mode with sink_size > 1 is not
 emulated. Files are written in the order the host ops ran (MindSpore's channel is FIFO,
@@ -196,6 +199,7 @@ class AscendEmulator:
         register = self._registrar(attrs, "Default")
         host_op = _host_op(self._launch_forward)
         host_op.add_prim_attr("side_effect_io", True)
+        ControlFlowCheck.of(self).note_forward_dump_op(host_op)
         is_bf16, cast, int32, stop_gradient = _is_bf16_helper(), ops.cast, ms.int32, ops.stop_gradient
 
         def tensordump(file, x):
@@ -271,6 +275,7 @@ class AscendEmulator:
         except ImportError:  # MindSpore < 2.9
             from mindspore.common.api import _pynative_executor
         _pynative_executor.sync()
+        ControlFlowCheck.of(self).new_run()
 
     def set_init_iter(self, value: int = 0) -> None:
         """``_set_init_iter``: DJP SetInitialIteration `Parse(); dump_user_step_flag_ = true;
@@ -317,6 +322,7 @@ class AscendEmulator:
                 self._idle.wait(left)
 
     def close(self) -> None:
+        ControlFlowCheck.of(self).stop()
         self.resume()
         self._channel.put(None)
         self._writer.join(timeout=60)
@@ -352,6 +358,7 @@ class AscendEmulator:
 
     # ------------------------------------------------------------------ kernel launch
     def _launch_forward(self, x, code):
+        ControlFlowCheck.of(self).on_launch(int(np.asarray(code)))
         launch = self._launches[int(np.asarray(code))]
         if any(value.deletes(launch) for value in getattr(self, "redistributed", ())):
             return x  # PTD HandleDumpAfterRedistributionNode replaced this node by its input
@@ -509,6 +516,102 @@ class AscendEmulator:
             rows.append(("output", 0))
         with self._lock:
             _append_rows(folder, op_name, rows, array, launch.dtype, kbk.categories)
+
+
+# ---------------------------------------------------------------------------------------------------
+# TensorDump inside control flow
+# ---------------------------------------------------------------------------------------------------
+class ControlFlowCheck:
+    """MindSpore documents TensorDump as unsupported inside control flow (DBGF ``tensordump``: "The operator of
+    tensordump doesn't support in control flow"; what the device then does is not documented). The emulation
+    refuses it when such a dump runs: after each compile while the emulator is in use, the forward TensorDump
+    nodes of the optimized top graph are counted (``get_optimize_graph_proto``, anf_ir, by the stand-in's
+    ``fn_id``); a dump in a sub-graph (a loop body, a branch of an ``if`` on a tensor, a cell reused without
+    inlining) is not among them. Within one graph run (from one device synchronisation to the next) the
+    forward dumps registered by compiled graphs can run only as often as the top graphs hold them; one more
+    must come from a sub-graph, and the launch raises. Nodes the compiler pruned never run, so they cannot
+    trip it (ascend-emulation.md)."""
+
+    def __init__(self, emulator: AscendEmulator):
+        self.emulator = emulator
+        self.forward_fn_ids: set = set()
+        self.compiled_codes: set = set()
+        self.top_nodes = 0
+        self.executed = 0
+        self._original = None
+
+    @classmethod
+    def of(cls, emulator: AscendEmulator) -> ControlFlowCheck:
+        check = emulator.__dict__.get("_control_flow_check")
+        if check is None:
+            check = emulator.__dict__["_control_flow_check"] = cls(emulator)
+            check.start()
+        return check
+
+    def note_forward_dump_op(self, op) -> None:
+        self.forward_fn_ids.add(id(op.func))  # the Custom op's fn_id attribute in the graph proto
+
+    def start(self) -> None:
+        executor_class = _graph_executor_class()
+        original, check = executor_class.compile, self
+
+        def compile_and_count(executor, obj, *args, **kwargs):
+            before = len(check.emulator._launches)
+            result = original(executor, obj, *args, **kwargs)
+            new = [code for code in range(before, len(check.emulator._launches))
+                   if check.emulator._launches[code].scope.startswith("Default/")]  # forward dumps
+            if new:
+                check.compiled_codes.update(new)
+                check.top_nodes += check.count_top_nodes(executor, obj)
+                check.executed = 0
+            return result
+
+        self._original = original
+        executor_class.compile = compile_and_count
+
+    def stop(self) -> None:
+        if self._original is not None:
+            _graph_executor_class().compile = self._original
+            self._original = None
+
+    def count_top_nodes(self, executor, obj) -> int:
+        try:
+            from mindspore.train import anf_ir_pb2
+
+            proto = executor.get_optimize_graph_proto(obj)
+        except (ImportError, AttributeError, RuntimeError) as err:  # another MindSpore: the check stands down
+            logger.warning("TensorDump control-flow check off: the optimized graph cannot be read (%s)", err)
+            self.compiled_codes.clear()
+            return 0
+        model = anf_ir_pb2.ModelProto()
+        model.ParseFromString(proto or b"")
+        found = 0
+        for node in model.graph.node:
+            attrs = {a.name: a.value for a in node.attribute}
+            if node.op_type == "Custom" and "fn_id" in attrs and attrs["fn_id"].int_val in self.forward_fn_ids:
+                found += 1
+        return found
+
+    def new_run(self) -> None:
+        self.executed = 0
+
+    def on_launch(self, code: int) -> None:
+        if code not in self.compiled_codes:  # registered eagerly (PyNative), or the check stood down
+            return
+        self.executed += 1
+        if self.executed > self.top_nodes:
+            raise EmulatedMindSporeError(
+                f"a TensorDump ran {self.executed} times in one graph run, but the compiled top graphs hold "
+                f"{self.top_nodes}: it runs inside control flow (a loop body or a branch on a tensor condition); "
+                "the operator of tensordump doesn't support in control flow")
+
+
+def _graph_executor_class():
+    try:
+        from mindspore.graph.api import _CellGraphExecutor
+    except ImportError:  # MindSpore < 2.9
+        from mindspore.common.api import _CellGraphExecutor
+    return _CellGraphExecutor
 
 
 # ---------------------------------------------------------------------------------------------------

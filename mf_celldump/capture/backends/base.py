@@ -117,6 +117,10 @@ class GraphFace(ABC):
     """Capture in graph mode: one graph-parsable probe function, and optionally a recorder of
     the non-tensor values a call receives."""
 
+    # False where the probes are MindSpore's TensorDump, documented as unsupported inside control flow
+    # (debug_func.py): no probe is then put where a wrapper calls it under a run-time condition.
+    dumps_in_control_flow: ClassVar[bool] = True
+
     @abstractmethod
     def probe_function(self) -> GraphProbe:
         """The :class:`GraphProbe` of this backend.

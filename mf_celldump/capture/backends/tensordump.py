@@ -258,6 +258,8 @@ class TensorDumpPyNative(PyNativeFace):
 
 
 class TensorDumpGraph(GraphFace):
+    dumps_in_control_flow = False  # debug_func.py: "The operator of tensordump doesn't support in control flow"
+
     def __init__(self, backend: TensorDumpBackend):
         self.backend = backend
 
