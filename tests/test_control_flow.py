@@ -156,3 +156,37 @@ def test_weight_gradients_under_the_overflow_branch(tmp_path, caplog, backend):
         assert "under `if not overflow`" in said[0] and "parameters: false" in said[0] and "PyNative" in said[0]
     else:
         assert grads and said == []
+
+
+class _Flagged(nn.Cell):
+    def __init__(self, inner, flag):
+        super().__init__()
+        self.inner, self.flag = inner, flag
+
+    def construct(self, x):
+        if self.flag:  # a Python flag: folded at compile time
+            x = self.inner(x)
+        return x
+
+
+class _Guarded(nn.Cell):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def construct(self, x):
+        big = x.sum() > 0
+        while big:
+            x = self.inner(x)
+            big = x.sum() > 0
+        return x
+
+
+def test_conditions_computed_in_the_graph_are_told_from_python_flags():
+    from mf_celldump.capture.control_flow import conditional_call
+
+    inner = nn.Dense(2, 2)
+    assert conditional_call([_Flagged(inner, True)], inner) is None
+    where = conditional_call([_Guarded(inner)], inner)
+    assert where.startswith("_Guarded.construct calls self.inner at line ") and "under `while big`" in where
+    assert conditional_call([_Guarded(nn.Dense(2, 2))], inner) is None  # holds another cell
