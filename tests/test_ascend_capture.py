@@ -31,6 +31,7 @@ from tests.support.ascend_runs import output_of as _output
 from tests.support.ascend_runs import raw_step_folders as _raw_step_folders
 from tests.support.ascend_runs import run_training
 from tests.support.ascend_runs import step_folders as _step_folders
+from tests.support.processed import read_output
 
 STEPS = 5
 SELECTED = "1,3"
@@ -60,8 +61,8 @@ def graph_run(tmp_path_factory):
 
 
 def _assert_same_values(got_path, got_step, want_path, want_step, rtol=1e-5, atol=1e-6):
-    got_leaves, got_arrays = _output(got_path, got_step)
-    want_leaves, want_arrays = _output(want_path, want_step)
+    got_leaves, got_arrays = read_output(got_path, got_step)
+    want_leaves, want_arrays = read_output(want_path, want_step)
     assert set(got_leaves) == set(want_leaves), set(got_leaves) ^ set(want_leaves)
     assert got_arrays and set(got_arrays) == set(want_arrays), set(got_arrays) ^ set(want_arrays)
     for name, array in got_arrays.items():
@@ -157,8 +158,8 @@ def test_files_in_any_order_still_make_complete_steps(tmp_path, reference):
     finally:
         emulator.close()
     assert summary.problems == [] and _step_folders(str(tmp_path)) == ["step1"]
-    got_leaves, got_arrays = _output(str(tmp_path), 1)
-    _, want_arrays = _output(reference, 1)
+    got_leaves, got_arrays = read_output(str(tmp_path), 1)
+    _, want_arrays = read_output(reference, 1)
     assert len(got_arrays) > 20
     for name, array in got_arrays.items():  # cells called once per step: no call order to infer
         np.testing.assert_allclose(array, want_arrays[name], rtol=1e-5, atol=1e-6, err_msg=name)
@@ -193,7 +194,7 @@ def test_data_mode(tmp_path, data_mode):
     finally:
         emulator.close()
     assert summary.problems == []
-    _, arrays = _output(str(tmp_path), 0)
+    _, arrays = read_output(str(tmp_path), 0)
     assert len(arrays) > 10
     assert {"forward" if ".forward." in n else "backward" for n in arrays} == {data_mode}
 
@@ -223,7 +224,7 @@ def test_in_modes_pair_with_the_opposite_gradient_hook(tmp_path):
         if probe in backward:
             assert backward[probe] is not forward_in, probe
     # Processing reads both spellings: gate's input and output made it into the output.
-    leaves, _ = _output(str(tmp_path / "d"), 0)
+    leaves, _ = read_output(str(tmp_path / "d"), 0)
     assert ("Cell.gate.Gate.forward.0", "input", 0) in leaves and ("Cell.gate.Gate.backward.0", "output", 0) in leaves
 
 
@@ -243,8 +244,8 @@ def test_statistics_give_forward_and_backward_values(tmp_path, reference, op_nam
     with open(os.path.join(tmp_path, "_raw", "rank0", "manifest.json")) as handle:
         assert json.load(handle)["statistics"] == ["max", "min", "mean", "norm"]
     for step in (1, 3):
-        got, _ = _output(str(tmp_path), step)
-        want, _ = _output(reference, step)
+        got, _ = read_output(str(tmp_path), step)
+        want, _ = read_output(reference, step)
         assert set(got) == set(want), set(got) ^ set(want)
         assert {k[0].split(".")[-2] for k in got} == {"forward", "backward", "parameters_grad"}
         for key, leaf in got.items():
@@ -372,7 +373,7 @@ def test_bfloat16_values_are_stored_as_float32_under_their_own_name(tmp_path):
     assert report.ok, report.summary()
     names = [os.path.basename(p) for p in emulator.written_files]
     assert any("_bfloat16_" in n for n in names), names
-    leaves, arrays = _output(str(tmp_path), 0)
+    leaves, arrays = read_output(str(tmp_path), 0)
     leaf = leaves[("Cell.to_bf16.ToBf16.forward.0", "output", 0)]
     assert leaf["dtype"] == "BFloat16"
     array = arrays[leaf["data_name"]]
@@ -412,8 +413,8 @@ def test_a_cell_applied_to_independent_tensors_pairs_backward_with_forward(tmp_p
     assert summary.problems == [], summary.text()
     _run(tmp_path / "pynative", {"task": "tensor", "backend": "tensordump", "steps": "0"}, steps=1,
          net_factory=cn.make_two_heads)
-    got, _ = _output(str(tmp_path / "graph"), 0)
-    want, _ = _output(str(tmp_path / "pynative"), 0)  # PyNative: call 0 is the query's (program order)
+    got, _ = read_output(str(tmp_path / "graph"), 0)
+    want, _ = read_output(str(tmp_path / "pynative"), 0)  # PyNative: call 0 is the query's (program order)
     seen = set()
     for k in range(2):
         heads = got[(f"Cell.rotate.Rotate.forward.{k}", "output", 0)]["shape"][1]

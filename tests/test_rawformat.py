@@ -35,6 +35,24 @@ def test_raw_file_names_match_the_literal_format(key):
     assert names.find_kbk_stem("Default/TensorDump-op3|" + fmt.raw_stem(key, "-")) == package_key
 
 
+@pytest.mark.parametrize("op_name,widened,in_mode", [
+    ("/d/_raw/rank0/{step}/c4-b-a-t-nx-p1-wbfloat16|Gradients/Default/TensorDump-op7", "bfloat16", False),
+    ("/d/_raw/rank0/{step}/c4-b-a-t-nx-p1-wfloat16_in.npy|Default/TensorDump-op7", "float16", True),
+    ("_d__raw_rank0_{step}_c4-b-a-t-nx-p1_in_npy|Default_TensorDump-op7", None, True),  # MindSpore <= 2.7.0
+])
+def test_kernel_names_carry_the_widened_dtype_and_the_in_suffix(op_name, widened, in_mode):
+    """A statistics row of a float32 copy names the value's own dtype (-w...); '_in.npy' marks MindSpore's 'in'
+    dump (the parallel pass may have copied it per consumer)."""
+    parsed = names.parse_kbk_op_name(op_name)
+    assert parsed.key == keys.ProbeKey(4, keys.BACKWARD, keys.SLOT_ARG, keys.KIND_TENSOR, (1,), None)
+    assert parsed.widened_from == widened and parsed.tensordump_in_mode == in_mode
+    key = keys.ProbeKey(4, keys.BACKWARD, keys.SLOT_ARG, keys.KIND_TENSOR, (1,), None)
+    if widened:
+        assert names.raw_stem(key, "-", widened) == f"c4-b-a-t-nx-p1-w{widened}"
+    with pytest.raises(ValueError):
+        names.raw_stem(key, ".", "bfloat16")  # only kernel stems name a widened dtype
+
+
 @pytest.mark.parametrize("name", [
     "c1.f.a.t.nx.p" + "9" * 30 + "_float32_0.npy",  # an index of 30 digits
     "c1.f.a.t.nx.p" + ".".join(["0"] * 40) + "_float32_0.npy",  # 40 levels deep

@@ -195,12 +195,29 @@ def _clipped_gradients_off(got: Dict[str, str], want: Dict[str, str], names: Lis
     return [n for n, g, w in pairs if not np.allclose(g, w * factor, rtol=max(rtol, 1e-3), atol=atol)]
 
 
+def weight_gradients_refused(run: Run, workdir: str) -> bool:
+    """The run said at attach that the optimizer runs under a run-time condition (MindFormers' overflow
+    check), where TensorDump is unsupported, so no weight gradient is recorded in graph mode."""
+    for log in (run.log(workdir), os.path.join(run.out(workdir), "run_tiny_llama.log")):
+        if os.path.isfile(log):
+            with open(log, encoding="utf-8", errors="replace") as handle:
+                if "parameters_grad is not recorded" in handle.read():
+                    return True
+    return False
+
+
 def check_values(run: Run, reference: Run, workdir: str, rtol: float, atol: float) -> List[Check]:
     """Every tensor file of the graph run equals the PyNative run's; both directions present."""
     checks = []
+    refused = weight_gradients_refused(run, workdir)
     for step in (1, 3):
         got = tensor_files(run.dump_path(workdir), step)
         want = tensor_files(reference.dump_path(workdir), step)
+        if refused:  # documented: weight gradients are not recorded there; none may appear either
+            checks.append((not any(".parameters_grad." in n for n in got),
+                           f"{run.name} run: step{step} records no weight gradient (the optimizer runs under the "
+                           "overflow check, where TensorDump is unsupported)"))
+            want = {n: path for n, path in want.items() if ".parameters_grad." not in n}
         extra = sorted(set(got) - set(want))
         shared = sorted(set(got) & set(want))
         bad = [n for n in shared if ".parameters_grad." not in n

@@ -39,6 +39,7 @@ import numpy as np
 
 from mf_celldump.capture.backends.base import GradientProbe, check_probe
 from mf_celldump.capture.construct_patch import InstalledConstruct, install
+from mf_celldump.capture.control_flow import conditional_call
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.sink import RawSink
 from mf_celldump.config import DumpConfig
@@ -121,12 +122,14 @@ class ParameterCapture:
             self._record(ProbeKey(owner.cell_id, FORWARD, SLOT_WEIGHT, KIND_TENSOR, (owner.index,)), param)
 
     # -- gradients ---------------------------------------------------------------------
-    def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[GradientProbe]) -> None:
-        """PyNative: hook the parameters; graph mode: wrap the optimizer inside ``network``."""
+    def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[GradientProbe],
+                          in_control_flow: bool = True) -> None:
+        """PyNative: hook the parameters; graph mode: wrap the optimizer inside ``network`` (not where a wrapper
+        calls it under a run-time condition, when the probes may not run in control flow)."""
         if not (self.config.captures_weight_gradients and self.owners):
             return
         if graph_mode:
-            self.wrap_optimizer(network, gradient_probe)
+            self.wrap_optimizer(network, gradient_probe, in_control_flow)
         else:
             self.hook_parameters()
 
@@ -151,12 +154,20 @@ class ParameterCapture:
 
         return hook
 
-    def wrap_optimizer(self, network, gradient_probe: Optional[GradientProbe]) -> None:
+    def wrap_optimizer(self, network, gradient_probe: Optional[GradientProbe], in_control_flow: bool = True) -> None:
         """Wrap the optimizer inside ``network`` so the gradients it receives are recorded (graph mode)."""
         optimizer = find_optimizer(network)
         if optimizer is None:
             logger.info("no mindspore.nn.Optimizer inside %s: parameters_grad is not recorded (attach to the "
                         "training wrapper, e.g. TrainOneStepCell, to record it)", type(network).__name__)
+            return
+        where = None if in_control_flow else conditional_call((c for _, c in network.cells_and_names()), optimizer)
+        if where is not None:
+            logger.warning("parameters_grad is not recorded: %s, a condition computed in the graph, so its probes "
+                           "would run inside control flow, where MindSpore does not support TensorDump "
+                           "(debug_func.py); weights (parameters) and every cell's gradients are recorded. Use "
+                           "PyNative mode to record weight gradients, or set parameters: false to record neither",
+                           where)
             return
         table = self._gradient_table(optimizer)
         if not table:

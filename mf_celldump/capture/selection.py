@@ -43,6 +43,8 @@ WRAPPER_CLASSES = {
     "DataOrderWrapperCell": "network",  # MindFormers 1.x puts it around the model
     "_TrainGradAccuStepCell": "network",
     "_TrainPipelineAccuStepCell": "network",
+    "PipelineCellWithTwoOutput": "network",  # MindFormers' pipeline and accumulation wrappers
+    "GradAccumulationCellWithTwoOutput": "network",
 }
 SKIPPED_NAMES = ("grad_reducer",)
 
@@ -76,21 +78,25 @@ def is_wrapper(cell) -> bool:
     return False
 
 
-def unwrap(network):
-    """Peel training wrappers off ``network``; returns the user model."""
-    seen = set()
-    while id(network) not in seen:
-        seen.add(id(network))
+def wrapper_chain(network) -> List[object]:
+    """``network`` and the training wrappers inside it, outermost first, ending with the user model."""
+    chain, seen = [network], {id(network)}
+    while True:
         inner = None
-        for klass in type(network).__mro__:
+        for klass in type(chain[-1]).__mro__:
             attr = WRAPPER_CLASSES.get(klass.__name__)
             if attr is not None:
-                inner = getattr(network, attr, None)
+                inner = getattr(chain[-1], attr, None)
                 break
-        if inner is None:
-            break
-        network = inner
-    return network
+        if inner is None or id(inner) in seen:
+            return chain
+        seen.add(id(inner))
+        chain.append(inner)
+
+
+def unwrap(network):
+    """Peel training wrappers off ``network``; returns the user model."""
+    return wrapper_chain(network)[-1]
 
 
 def _definition_site(cell) -> Tuple[str, str, int]:

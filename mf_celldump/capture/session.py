@@ -29,12 +29,14 @@ from mf_celldump.capture.construct_patch import InstalledConstruct, install
 from mf_celldump.capture.generated_sources import GeneratedSources
 from mf_celldump.capture.gradient_gaps import GradientGapLog
 from mf_celldump.capture.graph_wrapper import graph_construct
+from mf_celldump.capture.micro_batches import MicroBatches
+from mf_celldump.capture.micro_batches import detect as detect_micro_batches
 from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
+from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap, wrapper_chain
 from mf_celldump.capture.versions import mindspore_version_problem
 from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.fsutil import writable_dir_problem
@@ -149,6 +151,7 @@ class CellDump:
         self._parameters: Optional[ParameterCapture] = None
         self._running: Optional[int] = None  # the step between begin_step and end_step
         self._primitives = primitives  # AscendPrimitives given to attach(), else None
+        self.micro_batches: Optional[MicroBatches] = None  # where backward captures are paired by order
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
         self.steps_remain = bool(config.steps.from_value(initial_step, 1))
 
@@ -181,6 +184,7 @@ class CellDump:
         self.backend = create_backend(choice.name, context)
         try:
             self.backend.setup(self.initial_step)
+            self.micro_batches = self._micro_batches()
             if self.backend.writes_later:
                 self.writer.set_aside_earlier_steps()
             self._wrap_cells(graph_mode)
@@ -207,6 +211,18 @@ class CellDump:
             logger.info("continuing run %s in %s from step %d (a resumed run)", self.run_id, self.dump_path,
                         self.initial_step)
 
+    def _micro_batches(self) -> Optional[MicroBatches]:
+        """The micro-batch schedule where processing pairs backward captures by order (else None); a backward
+        capture whose order MindSpore does not fix is refused here, before training."""
+        if not self.backend.pairs_backward_by_order:
+            return None
+        found = detect_micro_batches(wrapper_chain(self.network), self.backend.parallel_settings())
+        if found.count > 1:
+            logger.info("micro-batches: %s", found.source)
+        if self.config.captures_backward and not found.in_order:
+            raise BackendSetupError(found.refusal(self.backend.name))
+        return found
+
     def _wrap_cells(self, graph_mode: bool) -> None:
         modes = _layer_modes(self.config, self.cells, self.model)
         face = self.backend.graph() if graph_mode else self.backend.pynative()
@@ -223,7 +239,8 @@ class CellDump:
             self._parameters = ParameterCapture.for_cells(self.config, self.runtime, self.backend.context.sink,
                                                           [(s.cell_id, s.cell) for s in self.cells])
             self._parameters.capture_gradients(self.network, graph_mode,
-                                               face.gradient_probe_function() if graph_mode else None)
+                                               face.gradient_probe_function() if graph_mode else None,
+                                               not graph_mode or face.dumps_in_control_flow)
 
     def _manifest(self, graph_mode: bool) -> Manifest:
         import mindspore as ms
@@ -233,6 +250,9 @@ class CellDump:
                    "mindspore_version": ms.__version__, "model_class": type(self.model).__name__}
         fields = {"statistics": self.config.statistics}
         fields.update(self.backend.manifest_fields())
+        if self.micro_batches is not None and self.micro_batches.count > 1:
+            fields["micro_batches"] = self.micro_batches.count
+            details["micro_batch_schedule"] = self.micro_batches.source
         return Manifest(rank=self.rank, distributed=self.distributed, task=self.config.task,
                         cells={s.cell_id: s.record for s in self.cells}, backend=self.backend.name,
                         run_id=self.run_id, parameters=self.config.captures_weights, details=details, **fields)

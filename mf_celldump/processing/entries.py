@@ -55,7 +55,7 @@ def _entry_name(cell: CellRecord, kind: str, call: int) -> str:
     return naming.entry_name(cell.name, cell.class_name, kind, call)
 
 
-def assign_calls(captures: List[Capture], shape_of: Optional[ShapeOf] = None) -> None:
+def assign_calls(captures: List[Capture], shape_of: Optional[ShapeOf] = None, micro_batches: int = 1) -> None:
     """Number calls where the raw name says ``nx`` (docs/raw-format.md, "Call index inference").
 
     Per probe (cell, direction, slot, path): forward, the k-th occurrence in execution
@@ -63,8 +63,12 @@ def assign_calls(captures: List[Capture], shape_of: Optional[ShapeOf] = None) ->
     ``backward.n`` pairs with ``forward.n`` when gradients flow in reverse order. Where the
     forward calls' shapes differ and ``shape_of`` can read them, a gradient goes to the
     call whose value has its shape instead (a cell applied to independent tensors, whose
-    gradients are not scheduled in reverse order). A weight gradient (slot ``g``) counts
-    in order, as msprobe numbers ``parameters_grad``.
+    gradients are not scheduled in reverse order). With ``micro_batches`` > 1 (the manifest's:
+    MindSpore runs the micro-batches' backward in micro-batch order) a probe's calls split into
+    that many equal runs: the k-th run of backward occurrences in execution order belongs to
+    micro-batch k, whose forward calls are the k-th run of forward calls, and the rules above
+    apply inside it. A weight gradient (slot ``g``) counts in order, as msprobe numbers
+    ``parameters_grad``.
     """
     unknown: Dict[tuple, List[Capture]] = {}
     for capture in captures:
@@ -82,11 +86,18 @@ def assign_calls(captures: List[Capture], shape_of: Optional[ShapeOf] = None) ->
                 capture.call = call
     forward = _forward_values(captures) if shape_of is not None else None
     for probe in in_reverse:
-        group = sorted(unknown[probe], key=lambda c: c.sort_key, reverse=True)
-        if forward is not None and len(group) > 1:
-            group = _paired_by_shape(group, forward.get(_forward_probe(probe, forward)) or [], shape_of)
-        for call, capture in enumerate(group):
-            capture.call = call
+        group = sorted(unknown[probe], key=lambda c: c.sort_key)
+        runs = micro_batches if micro_batches > 1 and len(group) % micro_batches == 0 else 1
+        size = len(group) // runs
+        calls = (forward.get(_forward_probe(probe, forward)) or []) if forward is not None else []
+        if len(calls) != len(group):
+            calls = []  # shapes pair only calls that all had a backward
+        for run in range(runs):
+            ordered = group[run * size:(run + 1) * size][::-1]
+            if calls and len(ordered) > 1:
+                ordered = _paired_by_shape(ordered, calls[run * size:(run + 1) * size], shape_of)
+            for offset, capture in enumerate(ordered):
+                capture.call = run * size + offset
 
 
 def _forward_values(captures: List[Capture]) -> Dict[tuple, List[Capture]]:
@@ -120,8 +131,6 @@ def _forward_probe(probe: tuple, forward: Dict[tuple, list]) -> Optional[tuple]:
 def _paired_by_shape(backward: List[Capture], forward: List[Capture], shape_of: ShapeOf) -> List[Capture]:
     """``backward`` reordered so that the k-th holds a gradient of forward call k's shape; the
     reverse-order guess is kept among equal shapes, and whole when shapes cannot tell calls apart."""
-    if len(forward) != len(backward):
-        return backward
     forward_shapes = [shape_of(c) for c in forward]
     if None in forward_shapes or len(set(forward_shapes)) == 1:
         return backward

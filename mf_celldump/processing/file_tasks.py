@@ -18,19 +18,23 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from mf_celldump.fsutil import UnsafePathError, link_or_copy, open_own_file
 from mf_celldump.processing.errors import NpyReadError
 from mf_celldump.processing.npystats import file_statistics, load_small
+from mf_celldump.processing.part_sums import sum_files
 from mf_celldump.rawformat.keys import KIND_NONE, KIND_TENSOR, scalar_of_kind
+from mf_celldump.rawformat.names import parse_raw_tensor_name
 
 OK = "ok"
 FAILED = "failed"
 
 
 class FileTask(NamedTuple):
-    """One raw file: its name in the step folder, its output name (or None), what it holds."""
+    """One raw file: its name in the step folder, its output name (or None), what it holds; ``parts``:
+    more raw files summed with it into a new output file (a gradient in per-consumer parts)."""
 
     index: int
     name: str
     out_name: Optional[str]
     kind: str
+    parts: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,12 @@ def run_one(task: FileTask, wanted: Tuple[str, ...], folders: Folders) -> FileRe
     try:
         if task.kind == KIND_NONE:
             return (task.index, OK, "", None, None)
+        if task.parts:
+            out = os.path.join(folders.dst, task.out_name) if task.out_name and folders.dst else None
+            paths = [src] + [os.path.join(folders.src, name) for name in task.parts]
+            parsed = parse_raw_tensor_name(task.name)
+            bfloat16 = parsed is not None and parsed.numpy_dtype == "bfloat16"
+            return (task.index, OK) + sum_files(paths, out, wanted, bfloat16, folders.our_links)
         with open_own_file(src, None, folders.our_links) as handle:
             if task.kind == KIND_TENSOR:
                 dtype, shape, stats = file_statistics(handle, src, wanted)

@@ -171,6 +171,13 @@ def _read_exact(handle, count: int, path: str, total: int) -> bytes:
     return data
 
 
+def stream_chunks(handle, header: NpyHeader, path: str) -> Iterator[np.ndarray]:
+    """The data of a C-ordered file, from its data offset, in chunks of at most ``CHUNK_BYTES``
+    (each chunk is a view of one buffer the next chunk overwrites)."""
+    handle.seek(header.data_offset)
+    return _stream_chunks(handle, header, path)
+
+
 def _stream_chunks(handle, header: NpyHeader, path: str) -> Iterator[np.ndarray]:
     itemsize = header.dtype.itemsize
     per_chunk = max(1, CHUNK_BYTES // itemsize) * itemsize

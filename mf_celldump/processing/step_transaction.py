@@ -25,6 +25,7 @@ from mf_celldump.dtypes import dtype_names
 from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
+from mf_celldump.processing.consumer_parts import merge_consumer_parts
 from mf_celldump.processing.entries import (
     Entry,
     ShapeOf,
@@ -120,9 +121,11 @@ def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tupl
 
 
 def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str],
-                   shape_of: Optional[ShapeOf] = None) -> List[Entry]:
+                   shape_of: Optional[ShapeOf] = None, warnings: Optional[List[str]] = None) -> List[Entry]:
     """Entries in execution order with parents and data names; duplicates become problems."""
-    assign_calls(captures, shape_of)
+    if shape_of is not None:
+        captures = merge_consumer_parts(captures, shape_of, problems, warnings if warnings is not None else problems)
+    assign_calls(captures, shape_of, ctx.manifest.micro_batches)
     entries = group_entries(captures, ctx.manifest.cells, problems)
     link_parents(entries)
     safe = []
@@ -169,7 +172,7 @@ def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data
                 continue
             linked = data_dir is not None and capture.key.kind == KIND_TENSOR
             tasks.append(FileTask(len(by_index), capture.file, capture.data_name if linked else None,
-                                  capture.key.kind))
+                                  capture.key.kind, capture.parts))
             by_index.append(capture)
     failed: Dict[int, int] = {}
 
@@ -239,7 +242,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
                                          os.path.join(retired, naming.TENSOR_DIR))
     entries = _build_entries(ctx, inputs.captures, outcome.problems,
-                             _shape_reader(ctx, source.raw_dir, our_links))
+                             _shape_reader(ctx, source.raw_dir, our_links), outcome.warnings)
     outcome.warnings.extend(implausible_calls(entries))
     partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
     fsutil.make_dir(step_out)

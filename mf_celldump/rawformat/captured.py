@@ -17,12 +17,12 @@ class Capture:
     """
 
     __slots__ = ("seq", "order", "key", "origin", "file", "file_dtype", "dtype", "shape", "stats", "value",
-                 "call", "data_name")
+                 "in_mode", "parts", "call", "data_name")
 
     def __init__(self, seq: int, order: int, key: ProbeKey, origin: str, file: Optional[str] = None,
                  file_dtype: Optional[str] = None, dtype: Optional[str] = None,
                  shape: Optional[Tuple[int, ...]] = None, stats: Optional[Dict[str, object]] = None,
-                 value: object = None):
+                 value: object = None, in_mode: bool = False):
         self.seq = seq
         self.order = order
         self.key = key
@@ -33,14 +33,19 @@ class Capture:
         self.shape = shape
         self.stats = stats
         self.value = value
+        self.in_mode = in_mode  # MindSpore's parallel pass named it "_in" (TensorDump 'in' / DumpGradient 'in')
+        # more raw files (same step folder) whose arrays are summed with ``file``'s: a gradient MindSpore
+        # dumped once per redistributing consumer (processing/consumer_parts.py)
+        self.parts: Tuple[str, ...] = ()
         self.call: Optional[int] = key.call
         self.data_name: Optional[str] = None  # set when the capture is kept for the output
 
     def copy(self) -> Capture:
         """The same value once more (processing names it under a second entry)."""
         twin = Capture(self.seq, self.order, self.key, self.origin, self.file, self.file_dtype, self.dtype,
-                       self.shape, dict(self.stats) if self.stats is not None else None, self.value)
+                       self.shape, dict(self.stats) if self.stats is not None else None, self.value, self.in_mode)
         twin.call = self.call
+        twin.parts = self.parts
         return twin
 
     @property

@@ -31,7 +31,7 @@ from mf_celldump.fsutil import open_own_file
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_TENSOR, scalar_of_kind
 from mf_celldump.rawformat.manifest import Manifest
-from mf_celldump.rawformat.names import RAW_ROOT, find_kbk_stem
+from mf_celldump.rawformat.names import RAW_ROOT, find_kbk_stem, parse_kbk_op_name
 from mf_celldump.statistics import StatValues, statistics_record
 
 REQUIRED_COLUMNS = ("Op Name", "IO", "Slot", "Data Type", "Shape")
@@ -185,7 +185,8 @@ def read_statistic_csvs(paths: List[str], wanted: Tuple[str, ...], first_order: 
 
 
 def _capture(row: Dict[str, str], origin: str, seq: int, order: int, wanted: Tuple[str, ...]) -> Capture:
-    key = find_kbk_stem(row["Op Name"])
+    parsed = parse_kbk_op_name(row["Op Name"])
+    key = parsed.key
     if key.kind != KIND_TENSOR:
         return Capture(seq, order, key, origin, value=scalar_of_kind(key.kind, _number(row.get("Max Value"))))
     dtype_text = (row.get("Data Type") or "").strip()[:64] or "unknown"
@@ -194,4 +195,6 @@ def _capture(row: Dict[str, str], origin: str, seq: int, order: int, wanted: Tup
         raise ValueError(f"'Shape' {short_repr(row.get('Shape'))} is not a tensor shape")
     shape = tuple(int(d) for d in dims)
     stats = statistics_record(_stat_values(row), wanted, _kind_of(dtype_text))
-    return Capture(seq, order, key, origin, dtype=mindspore_dtype_name(dtype_text), shape=shape, stats=stats)
+    # A widened value's row is of its float32 copy (statistics computed in float32); dump.json names its own dtype.
+    dtype = mindspore_dtype_name(parsed.widened_from or dtype_text)
+    return Capture(seq, order, key, origin, dtype=dtype, shape=shape, stats=stats, in_mode=parsed.tensordump_in_mode)

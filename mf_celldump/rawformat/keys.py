@@ -83,6 +83,9 @@ class ProbeKey:
     def with_kind(self, kind: str) -> ProbeKey:
         return ProbeKey(self.cell_id, self.direction, self.slot, kind, self.path, self.call)
 
+    def with_path(self, path: Tuple[int, ...]) -> ProbeKey:
+        return ProbeKey(self.cell_id, self.direction, self.slot, self.kind, tuple(path), self.call)
+
     def to_codes(self) -> Tuple[int, ...]:
         """The key as integers: (cell, slot, kind, call, *path); the direction is implied."""
         call = UNKNOWN_CALL if self.call is None else self.call

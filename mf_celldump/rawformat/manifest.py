@@ -16,8 +16,10 @@ from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
 from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
 
 # /2 added the weight slots (w, g), the cells' ``weights`` and ``parameters``; /1 dumps have neither.
-FORMAT = "mf_celldump-raw/2"
-READABLE_FORMATS = ("mf_celldump-raw/1", FORMAT)
+# /3 added ``micro_batches`` and the kernel-by-kernel stems' ``-w{dtype}`` (names.WIDENED_DTYPES).
+FORMAT = "mf_celldump-raw/3"
+READABLE_FORMATS = ("mf_celldump-raw/1", "mf_celldump-raw/2", FORMAT)
+MAX_MICRO_BATCHES = 1 << 20
 
 # How raw step folders are numbered: "global" = the training run's global step (0-based);
 # "graph" = the graph's own step counter, which starts at 0 in every process: add
@@ -52,6 +54,9 @@ FIELDS = {
                        "and it is complete once it holds _td_done_g{G}_{dtype}_{id}.npy, which names its global step G",
     "parameters": "bool: forward entries get msprobe's 'parameters' field (weights were recorded; "
                   "false when absent)",
+    "micro_batches": "int (default 1): micro-batches per step, whose backward MindSpore runs in micro-batch order; "
+                     "set where backward captures carry no call (graph-mode TensorDump): processing then pairs "
+                     "the k-th run of backward captures of a probe with micro-batch k (see Call index inference)",
     "cells": "list of {id, name, class, module, file, line, params, weights}: params are construct's parameter "
              "names; weights the cell's own parameters as msprobe names them (last part of the parameter's "
              "name), indexed by the w/g slots",
@@ -97,6 +102,7 @@ class Manifest:
     step_completion: str = COMPLETION_STEP_DONE
     run_id: str = ""
     parameters: bool = False  # forward entries get msprobe's 'parameters' field
+    micro_batches: int = 1  # per step, backward in micro-batch order (capture/micro_batches.py)
     details: Dict[str, Any] = field(default_factory=dict)  # informative: config, versions, mode
     path: str = ""  # where it was read from ("" before it is written)
 
@@ -121,6 +127,8 @@ class Manifest:
                "distributed": self.distributed, "step_numbering": self.step_numbering,
                "graph_step_base": self.graph_step_base, "step_completion": self.step_completion,
                "parameters": self.parameters}
+        if self.micro_batches > 1:
+            out["micro_batches"] = self.micro_batches
         out.update(self.details)
         out["cells"] = [c.to_json() for c in sorted(self.cells.values(), key=lambda c: c.cell_id)]
         return out
@@ -212,6 +220,14 @@ def _completion(data: dict, path: str) -> str:
     return completion
 
 
+def _micro_batches(data: dict, path: str) -> int:
+    count = data.get("micro_batches", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_MICRO_BATCHES:
+        raise ManifestError(f"{path}: invalid 'micro_batches' {_short(count)}; expected an int from 1 to "
+                            f"{MAX_MICRO_BATCHES}")
+    return count
+
+
 def manifest_from_json(data: Any, path: str) -> Manifest:
     """Validate a parsed manifest; errors name the file and the key."""
     if not isinstance(data, dict):
@@ -233,7 +249,7 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
     if not isinstance(distributed, bool):
         raise ManifestError(f"{path}: key 'distributed' has invalid value {_short(distributed)}; valid: true or false")
     known = {"format", "run_id", "task", "statistics", "backend", "rank", "distributed", "step_numbering",
-             "graph_step_base", "step_completion", "parameters", "cells"}
+             "graph_step_base", "step_completion", "parameters", "micro_batches", "cells"}
     return Manifest(
         rank=_require(data, "rank", int, path),
         distributed=distributed,
@@ -246,6 +262,7 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
         step_completion=_completion(data, path),
         run_id=str(data.get("run_id", "")),
         parameters=data.get("parameters") is True,
+        micro_batches=_micro_batches(data, path),
         details={k: v for k, v in data.items() if k not in known},
         path=path,
     )

@@ -53,13 +53,18 @@ _RAW_TENSOR_RE = re.compile(
 )
 _KBK_STEM_RE = re.compile(
     rf"c(?P<cell>{_N9})-(?P<dir>[fb])-(?P<slot>[akowg])-(?P<kind>[tifbn])-n(?P<call>{_N9}|x)"
-    rf"-p(?P<path>{_N6}(?:-{_N6}){{0,31}})(?![0-9])"
+    rf"-p(?P<path>{_N6}(?:-{_N6}){{0,31}})(?:-w(?P<wide>bfloat16|float16))?(?![0-9])"
 )
+# A kernel-by-kernel stem ends with -w{dtype} when the capture widened a bfloat16/float16 value
+# to float32 before its TensorDump, so that MindSpore's device statistics kernels, which
+# allocate their result in the input's dtype (statistic_kernel.cc), compute in float32;
+# {dtype} is the value's own dtype, which dump.json reports.
+WIDENED_DTYPES = ("bfloat16", "float16")
 # The file part of a kernel-by-kernel Op Name ends with our stem: TensorDump's file input as
 # the graph holds it, after MindSpore's parallel pass may have appended "_in.npy"
 # (parallel_tensordump.cc GetInModeSuffixedDumpPath), and with "/", "\", "." and " " turned
 # into "_" up to MindSpore 2.7.0 (dump_utils.cc GetFileKernelName).
-_KBK_FILE_END_RE = re.compile(_KBK_STEM_RE.pattern + r"(?:_in[._]npy)?$")
+_KBK_FILE_END_RE = re.compile(_KBK_STEM_RE.pattern + r"(?P<in_mode>_in[._]npy)?$")
 # MindSpore names a graph-mode TensorDump file {file}_{dtype}_{id}.npy; our step-done
 # marker's {file} is _td_done_g{global step}.
 TD_DONE_PREFIX = "_td_done_g"
@@ -74,16 +79,23 @@ _RANK_RE = re.compile(rf"^rank({_number(RANK_DIGITS)})$")
 _LOOKS_NUMBERED = re.compile(r"^(?:step|rank)\d+$")
 
 
-def raw_stem(key: ProbeKey, sep: str = ".") -> str:
+def raw_stem(key: ProbeKey, sep: str = ".", widened_from: Optional[str] = None) -> str:
     """File stem for a raw tensor of ``key``; writers append ``_{dtype}_{seq}.npy``.
 
     ``sep="-"`` gives the form used inside kernel names of MindSpore's kernel-by-kernel
-    statistics dump (``statistic.csv``), where dots are not kept.
+    statistics dump (``statistic.csv``), where dots are not kept; there ``widened_from``
+    (one of ``WIDENED_DTYPES``) says the value was cast to float32 for the dump.
     """
     call = "x" if key.call is None else str(key.call)
     path = sep.join(str(i) for i in key.path)
     letter = _DIR_LETTER[key.direction]
-    return sep.join((f"c{key.cell_id}", letter, key.slot, key.kind, f"n{call}", f"p{path}"))
+    stem = sep.join((f"c{key.cell_id}", letter, key.slot, key.kind, f"n{call}", f"p{path}"))
+    if widened_from:
+        if sep != "-" or widened_from not in WIDENED_DTYPES:
+            raise ValueError(f"only kernel-by-kernel stems name a widened dtype ({', '.join(WIDENED_DTYPES)}), "
+                             f"not {widened_from!r} with separator {sep!r}")
+        stem += f"-w{widened_from}"
+    return stem
 
 
 def raw_tensor_file_name(key: ProbeKey, dtype: str, seq: int) -> str:
@@ -122,7 +134,16 @@ def parse_raw_tensor_name(file_name: str) -> Optional[RawTensorName]:
     return RawTensorName(_key(m, "."), m["dtype"], int(m["seq"]), m["mode"] == "in")
 
 
-def find_kbk_stem(op_name: str) -> Optional[ProbeKey]:
+@dataclass(frozen=True)
+class KbkName:
+    """What the ``Op Name`` of a ``statistic.csv`` row says about the value."""
+
+    key: ProbeKey
+    widened_from: Optional[str]  # numpy-style dtype the value had before the capture's cast, else None
+    tensordump_in_mode: bool  # the file input carries MindSpore's "_in.npy" ('in' mode, parallel pass)
+
+
+def parse_kbk_op_name(op_name: str) -> Optional[KbkName]:
     """Our dash-separated stem in a ``statistic.csv`` ``Op Name``; None if absent.
 
     MindSpore names a TensorDump kernel that carries ``td_flag`` ``{file input}|{scope}``
@@ -133,9 +154,17 @@ def find_kbk_stem(op_name: str) -> Optional[ProbeKey]:
     if sep:
         m = _KBK_FILE_END_RE.search(file_part)
         if m is not None:
-            return _key(m, "-")
+            return KbkName(_key(m, "-"), m["wide"], m["in_mode"] is not None)
     matches = list(_KBK_STEM_RE.finditer(op_name[:4096]))
-    return _key(matches[-1], "-") if matches else None
+    if not matches:
+        return None
+    return KbkName(_key(matches[-1], "-"), matches[-1]["wide"], False)
+
+
+def find_kbk_stem(op_name: str) -> Optional[ProbeKey]:
+    """The probe key in a ``statistic.csv`` ``Op Name`` (``parse_kbk_op_name``); None if absent."""
+    parsed = parse_kbk_op_name(op_name)
+    return parsed.key if parsed is not None else None
 
 
 def td_done_stem(step: int) -> str:

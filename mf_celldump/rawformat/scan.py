@@ -229,7 +229,7 @@ def list_step_files(step_dir: str, root_real: str) -> StepFiles:
             else:
                 parsed = names.parse_raw_tensor_name(name)
                 out.captures.append(Capture(parsed.seq, len(out.captures), parsed.key, name, file=name,
-                                            file_dtype=parsed.numpy_dtype))
+                                            file_dtype=parsed.numpy_dtype, in_mode=parsed.tensordump_in_mode))
     out.names.sort()
     out.foreign.sort()
     if records_path is not None:

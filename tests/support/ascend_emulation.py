@@ -26,6 +26,7 @@ later files from the search index; /work/notes/issue8/FACTS.md quotes them):
   PTD   mindspore/ccsrc/frontend/parallel/graph_util/parallel_tensordump.cc
   SP    mindspore/ccsrc/frontend/parallel/step_parallel.cc
   DBG   mindspore/python/mindspore/ops/operations/debug_ops.py
+  DBGF  mindspore/python/mindspore/ops/function/debug_func.py
   GDO   mindspore/python/mindspore/ops/_grad_experimental/grad_debug_ops.py
   DJP   mindspore/ccsrc/tools/data_dump/dump_json_parser.cc (debug/data_dump/ up to 2.7.0)
   DA    mindspore/ccsrc/runtime/graph_scheduler/actor/debug_actor.cc
@@ -40,8 +41,10 @@ later files from the search index; /work/notes/issue8/FACTS.md quotes them):
   EV    the source of mindspore/ccsrc/include/utils/env_vars.h (GetDumpSliceSize, GetDumpWaitTime)
   AAD   mindspore/ccsrc/backend/common/pass/other/add_attr_to_dump.cc (AddAttrToDump::Process)
 
-Limits (see docs/capture.md): the redistribution itself does not exist on one CPU, so
-only the ``_in`` naming and the gradient pairing are checked; the number format of
+Limits (see docs/capture.md and docs/ascend-emulation.md): the redistribution itself does
+not exist on one CPU, so the parallel pass's per-consumer dumps are reproduced for the
+consumers a test declares (``RedistributedValue``); TensorDump in control flow is refused
+by counting dumps against the compiled top graph (``ControlFlowCheck``); the number format of
 statistic values and whether an input-slot-0 row exists are not settled from source
 (here: ``repr`` of a float32, no slot-0 row); sink mode with sink_size > 1 is not
 emulated. Files are written in the order the host ops ran (MindSpore's channel is FIFO,
@@ -274,7 +277,8 @@ class AscendEmulator:
             tensordump_set_step=self.tensordump_set_step, synchronize=self.synchronize,
             set_init_iter=self.set_init_iter, dump_step=self.dump_step,
             make_marker_tensor=lambda: Tensor([0.0], ms.float32), environ=self.environ,
-            backend_policy=lambda: self.device.backend_policy, soc_version=lambda: self.device.soc_version)
+            backend_policy=lambda: self.device.backend_policy, soc_version=lambda: self.device.soc_version,
+            auto_parallel_context=self.auto_parallel_context)
 
     # ------------------------------------------------------------------ graph stand-ins
     def tensordump(self, input_output: str = "out") -> Callable:
@@ -286,12 +290,16 @@ class AscendEmulator:
         register = self._registrar(attrs, "Default")
         host_op = _host_op(self._launch_forward)
         host_op.add_prim_attr("side_effect_io", True)
-        is_bf16, cast, int32 = _is_bf16_helper(), ops.cast, ms.int32
+        ControlFlowCheck.of(self).note_forward_dump_op(host_op)
+        is_bf16, cast, int32, stop_gradient = _is_bf16_helper(), ops.cast, ms.int32, ops.stop_gradient
 
         def tensordump(file, x):
             code = register(file, x.dtype, input_output)
             if is_bf16(x.dtype):
-                x = cast(x, ms.float32)  # a pyfunc takes no bfloat16; TDU stores bf16 as float32 anyway
+                # A pyfunc takes no bfloat16; TDU stores bf16 as float32 anyway. No gradient flows into a
+                # TensorDump (GDO bprop_tensor_dump: zeros): without stop_gradient the cast's zero gradient
+                # would be summed with the value's own in a bfloat16 AddN, which has no CPU kernel.
+                x = cast(stop_gradient(x), ms.float32)
             return host_op(x, Tensor(code, int32))
 
         def add_prim_attr(key, value):  # Primitive.add_prim_attr: seen by graphs compiled afterwards
@@ -359,6 +367,7 @@ class AscendEmulator:
         except ImportError:  # MindSpore < 2.9
             from mindspore.common.api import _pynative_executor
         _pynative_executor.sync()
+        ControlFlowCheck.of(self).new_run()
 
     def set_init_iter(self, value: int = 0) -> None:
         """``_set_init_iter``: DJP SetInitialIteration `Parse(); dump_user_step_flag_ = true;
@@ -374,6 +383,16 @@ class AscendEmulator:
             logger.warning("Costomized step function has not enabled, step update does not work!")
         if self._kbk is not None:
             self._kbk.cur_user_iter += int(step)
+
+    def auto_parallel_context(self, key: str) -> Any:
+        """``mindspore.get_auto_parallel_context(key)`` of the emulated job: ``parallel`` means
+        semi_auto_parallel; ``parallel_context`` (a test sets it) adds pipeline settings."""
+        values = {"parallel_mode": "semi_auto_parallel" if self.parallel else "stand_alone", "pipeline_stages": 1,
+                  "pipeline_interleave": False, "pipeline_scheduler": "1f1b"}
+        values.update(getattr(self, "parallel_context", {}))
+        if key not in values:
+            raise ValueError(f"Get context keyword {key} is not recognized!")
+        return values[key]
 
     # ------------------------------------------------------------------ test controls (no MindSpore twin)
     def pause(self) -> None:
@@ -395,6 +414,7 @@ class AscendEmulator:
                 self._idle.wait(left)
 
     def close(self) -> None:
+        ControlFlowCheck.of(self).stop()
         self.resume()
         self._channel.put(None)
         self._writer.join(timeout=60)
@@ -430,7 +450,13 @@ class AscendEmulator:
 
     # ------------------------------------------------------------------ kernel launch
     def _launch_forward(self, x, code):
+        ControlFlowCheck.of(self).on_launch(int(np.asarray(code)))
         launch = self._launches[int(np.asarray(code))]
+        if any(value.deletes(launch) for value in getattr(self, "redistributed", ())):
+            return x  # PTD HandleDumpAfterRedistributionNode replaced this node by its input
+        return self._launch(launch, x)
+
+    def _launch(self, launch: _Launch, x):
         # The kernel copies the tensor into the channel; a pyfunc sees a view of a buffer MindSpore
         # reuses once the op returns, so copy now. A 0-d tensor arrives as a Python scalar.
         array = np.array(x, copy=True)
@@ -625,6 +651,185 @@ class AscendEmulator:
 
 
 # ---------------------------------------------------------------------------------------------------
+# TensorDump inside control flow
+# ---------------------------------------------------------------------------------------------------
+class ControlFlowCheck:
+    """MindSpore documents TensorDump as unsupported inside control flow (DBGF ``tensordump``: "The operator of
+    tensordump doesn't support in control flow"; what the device then does is not documented). The emulation
+    refuses it when such a dump runs: after each compile while the emulator is in use, the forward TensorDump
+    nodes of the optimized top graph are counted (``get_optimize_graph_proto``, anf_ir, by the stand-in's
+    ``fn_id``); a dump in a sub-graph (a loop body, a branch of an ``if`` on a tensor, a cell reused without
+    inlining) is not among them. Within one graph run (from one device synchronisation to the next) the
+    forward dumps registered by compiled graphs can run only as often as the top graphs hold them; one more
+    must come from a sub-graph, and the launch raises. Nodes the compiler pruned never run, so they cannot
+    trip it (ascend-emulation.md)."""
+
+    def __init__(self, emulator: AscendEmulator):
+        self.emulator = emulator
+        self.forward_fn_ids: set = set()
+        self.compiled_codes: set = set()
+        self.top_nodes = 0
+        self.executed = 0
+        self._original = None
+
+    @classmethod
+    def of(cls, emulator: AscendEmulator) -> ControlFlowCheck:
+        check = emulator.__dict__.get("_control_flow_check")
+        if check is None:
+            check = emulator.__dict__["_control_flow_check"] = cls(emulator)
+            check.start()
+        return check
+
+    def note_forward_dump_op(self, op) -> None:
+        self.forward_fn_ids.add(id(op.func))  # the Custom op's fn_id attribute in the graph proto
+
+    def start(self) -> None:
+        executor_class = _graph_executor_class()
+        original, check = executor_class.compile, self
+
+        def compile_and_count(executor, obj, *args, **kwargs):
+            before = len(check.emulator._launches)
+            result = original(executor, obj, *args, **kwargs)
+            new = [code for code in range(before, len(check.emulator._launches))
+                   if check.emulator._launches[code].scope.startswith("Default/")]  # forward dumps
+            if new:
+                check.compiled_codes.update(new)
+                check.top_nodes += check.count_top_nodes(executor, obj)
+                check.executed = 0
+            return result
+
+        self._original = original
+        executor_class.compile = compile_and_count
+
+    def stop(self) -> None:
+        if self._original is not None:
+            _graph_executor_class().compile = self._original
+            self._original = None
+
+    def count_top_nodes(self, executor, obj) -> int:
+        try:
+            from mindspore.train import anf_ir_pb2
+
+            proto = executor.get_optimize_graph_proto(obj)
+        except (ImportError, AttributeError, RuntimeError) as err:  # another MindSpore: the check stands down
+            logger.warning("TensorDump control-flow check off: the optimized graph cannot be read (%s)", err)
+            self.compiled_codes.clear()
+            return 0
+        model = anf_ir_pb2.ModelProto()
+        model.ParseFromString(proto or b"")
+        found = 0
+        for node in model.graph.node:
+            attrs = {a.name: a.value for a in node.attribute}
+            if node.op_type == "Custom" and "fn_id" in attrs and attrs["fn_id"].int_val in self.forward_fn_ids:
+                found += 1
+        return found
+
+    def new_run(self) -> None:
+        self.executed = 0
+
+    def on_launch(self, code: int) -> None:
+        if code not in self.compiled_codes:  # registered eagerly (PyNative), or the check stood down
+            return
+        self.executed += 1
+        if self.executed > self.top_nodes:
+            raise EmulatedMindSporeError(
+                f"a TensorDump ran {self.executed} times in one graph run, but the compiled top graphs hold "
+                f"{self.top_nodes}: it runs inside control flow (a loop body or a branch on a tensor condition); "
+                "the operator of tensordump doesn't support in control flow")
+
+
+def _graph_executor_class():
+    try:
+        from mindspore.graph.api import _CellGraphExecutor
+    except ImportError:  # MindSpore < 2.9
+        from mindspore.common.api import _CellGraphExecutor
+    return _CellGraphExecutor
+
+
+# ---------------------------------------------------------------------------------------------------
+# the parallel pass's per-consumer dumps
+# ---------------------------------------------------------------------------------------------------
+class RedistributedValue:
+    """A probed value whose consumers each need a redistribution, and what MindSpore's parallel pass does to
+    its dumps (PTD ``HandleDumpAfterRedistributionNode``): the value's ``'in'`` TensorDump and ``'out'``
+    DumpGradient are deleted (``Replace(dump_node, parent)``); for each consumer a clone of each is put
+    between the consumer and its redistribution (``MakeOutModeDumpBwdHookAfterRedistribution``,
+    ``InsertNewTensorDump``: same file input, the consumer's scope, ``side_effect_hidden``), so the
+    forward dump holds the value as that consumer takes it and the gradient dump the gradient coming
+    back from that consumer, in its layout.
+
+    The redistribution itself does not exist on one CPU. The test's network calls ``consumer(i)`` on
+    the probed value where consumer i takes it: layout ``"same"`` passes it on, ``"half"`` keeps the
+    first half of its last axis (this rank's shard of a split layout; its backward pads with zeros, as a
+    redistribution's backward returns the gradient to the producer's layout). Which dumps the pass finds
+    is decided from the graph by MindSpore; here the test names the probe (``bind``, after attach: the
+    stems of its forward and gradient files, tests/support/formats.raw_stem).
+    """
+
+    def __init__(self, emulator: AscendEmulator, layouts: Sequence[str]):
+        self.emulator, self.layouts = emulator, tuple(layouts)
+        self.stems: Optional[tuple] = None
+        self._clones: Dict[tuple, _Launch] = {}
+        emulator.redistributed = list(getattr(emulator, "redistributed", [])) + [self]
+
+    def bind(self, forward_stem: str, gradient_stem: str) -> None:
+        self.stems = (forward_stem.replace("-", "."), gradient_stem.replace("-", "."))
+
+    def _matches(self, launch: _Launch, direction: int) -> bool:
+        """Forward: the value's 'in' TensorDump (PPP named it ``_in.npy``); backward: its 'out' DumpGradient,
+        whose file input has no ``_in`` ('in' DumpGradients are not moved by this pass)."""
+        if self.stems is None:
+            return False
+        name = os.path.basename(launch.name).replace("-", ".")
+        if direction == 0:
+            return launch.attrs.get("input_output") == "in" and name == self.stems[0] + "_in.npy"
+        return launch.scope.startswith("Gradients/") and name == self.stems[1]
+
+    def deletes(self, launch: _Launch) -> bool:
+        return self._matches(launch, 0) or self._matches(launch, 1)
+
+    def consumer(self, index: int) -> Callable:
+        """Graph-parsable ``redistribute(x)`` for consumer ``index``: its layout, then the pass's new dumps."""
+        value, code = self, index
+
+        def forward_body(x, unused):
+            value._dump(code, 0, x)
+            return x
+
+        def backward_body(dout, unused):
+            value._dump(code, 1, dout)
+            return dout
+
+        record_gradient = _host_op(backward_body)
+
+        def bprop(x, unused, out, dout):
+            return record_gradient(dout, unused), ops.zeros_like(unused)
+
+        hook, int32 = _host_op(forward_body, bprop=bprop), ms.int32
+        if self.layouts[index] == "half":
+            def redistribute(x):
+                return hook(x[:, :x.shape[1] // 2], Tensor(0, int32))
+        else:
+            def redistribute(x):
+                return hook(x, Tensor(0, int32))
+        return redistribute
+
+    def _dump(self, consumer: int, direction: int, x) -> None:
+        originals = [launch for launch in self.emulator._launches if self._matches(launch, direction)]
+        if not originals:
+            return  # nothing dumped this value in that direction
+        original = originals[0]
+        clone = self._clones.get((consumer, direction))
+        if clone is None:
+            attrs = dict(original.attrs, side_effect_hidden=True)
+            scope = f"Default/consumer{consumer}/TensorDump-op{len(self.emulator._launches)}"
+            if direction:
+                scope = "Gradients/" + scope
+            clone = self._clones[(consumer, direction)] = _Launch(original.name, original.dtype, attrs, scope)
+        self.emulator._launch(clone, x)
+
+
+# ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
 _NUMPY_NAMES = {"Float16": "float16", "Float32": "float32", "Float64": "float64", "Int8": "int8",
@@ -763,6 +968,29 @@ def _statistic(name: str, data: np.ndarray) -> str:
     return repr(float(np.float32(values[name]())))
 
 
+def _round_to(value: float, dtype: str) -> float:
+    """``value`` rounded to nearest-even in a 16-bit float dtype (bfloat16: the top half of a float32)."""
+    if dtype == "Float16":
+        return float(np.float16(value))
+    if dtype != "BFloat16":
+        return value
+    bits = np.array([value], np.float32).view(np.uint32)
+    if np.isfinite(value):
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return float(bits.view(np.float32)[0])
+
+
+def _device_statistic(name: str, data: np.ndarray, dtype: str) -> str:
+    """A statistic as the device kernel gives it: its result tensor is allocated in the INPUT's dtype
+    (statistic_kernel.cc: GetOutputDeviceAddress(input->dtype_id())), so a bfloat16/float16 input's
+    max/min/mean/norm come back rounded to that dtype (the accumulation itself is not settled from
+    source; here float64, so only the result's rounding is modelled)."""
+    text = _statistic(name, data)
+    if text == "null" or dtype not in ("BFloat16", "Float16"):
+        return text
+    return repr(float(np.float32(_round_to(float(text), dtype))))
+
+
 def _append_rows(folder: str, op_name: str, rows, array: np.ndarray, dtype: str, categories: List[str]) -> None:
     """DU Write2File + CSV WriteToCsv: the header once (no trailing comma), each value followed by ','."""
     if array.size == 0:
@@ -778,7 +1006,7 @@ def _append_rows(folder: str, op_name: str, rows, array: np.ndarray, dtype: str,
             shape = '"(' + ",".join(str(d) for d in array.shape) + ')"'  # DU ShapeToString
             # Task ID 0; a timestamp per tensor (Common::GetTimeStamp()); TypeIdToString(type, true): lower case.
             values = ["TensorDump", op_name, "0", "0", str(time.time_ns() // 1000), io_name, str(slot),
-                      str(nbytes), dtype.lower(), shape] + [_statistic(c, array) for c in categories]
+                      str(nbytes), dtype.lower(), shape] + [_device_statistic(c, array, dtype) for c in categories]
             out.write("".join(v + "," for v in values) + "\n")
 
 

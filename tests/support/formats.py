@@ -18,7 +18,7 @@ STEP_DONE_FILE = "_step_done.json"
 KBK_DIR = "kbk"
 PROCESSED_DIR = "_processed"
 PROCESSING_LOCK = ".processing.lock"
-RAW_FORMAT = "mf_celldump-raw/2"
+RAW_FORMAT = "mf_celldump-raw/3"
 
 FORWARD, BACKWARD = "forward", "backward"
 SLOT_ARG, SLOT_KWARG, SLOT_OUTPUT = "a", "k", "o"

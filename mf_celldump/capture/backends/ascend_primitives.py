@@ -51,6 +51,8 @@ class AscendPrimitives:
     # MsContext::backend_policy(): TDT OpenTsd opens the TensorDump channel only under "ge".
     backend_policy: Callable[[], str] = lambda: "ge"
     soc_version: Callable[[], str] = lambda: ""  # MsContext ascend_soc_version(), e.g. "ascend910b"
+    # mindspore.get_auto_parallel_context: the settings that decide how micro-batches are scheduled
+    auto_parallel_context: Callable[[str], Any] = field(default_factory=lambda: _auto_parallel_context)
 
     @classmethod
     def from_mindspore(cls) -> AscendPrimitives:
@@ -141,6 +143,11 @@ def _soc_version() -> str:
         return str(MSContext.get_instance().get_ascend_soc_version())
     except (ImportError, AttributeError, RuntimeError):
         return ""
+
+def _auto_parallel_context(key: str) -> Any:
+    import mindspore as ms
+
+    return ms.get_auto_parallel_context(key)
 
 
 def _module(name: str, version: str):

@@ -120,6 +120,10 @@ class GraphFace(ABC):
     """Capture in graph mode: one graph-parsable probe function, and optionally a recorder of
     the non-tensor values a call receives."""
 
+    # False where the probes are MindSpore's TensorDump, documented as unsupported inside control flow
+    # (debug_func.py): no probe is then put where a wrapper calls it under a run-time condition.
+    dumps_in_control_flow: ClassVar[bool] = True
+
     @abstractmethod
     def probe_function(self) -> GraphProbe:
         """The :class:`GraphProbe` of this backend.
@@ -173,6 +177,28 @@ class InputTie:
     before_probes: bool = False
 
 
+def joined_gradients() -> Callable:
+    """``on_gradients`` for a tie before the probes: each gradient returned ``depend``-ed on all of them.
+
+    A recording in a probe's bprop is joined to the gradient it passes on by data or ``depend``
+    only; the gradient of an input used by nothing upstream (a mask from the batch) is dropped by
+    the compiler, and the recording with it, unless another gradient of the call depends on it.
+    ``depend`` returns its first input, so no value changes. Graph-parsable."""
+    from mindspore import ops
+
+    depend = ops.depend
+
+    def joined(gradients, anchor):
+        if not gradients:
+            return ()
+        return (depend(gradients[0], anchor),) + joined(gradients[1:], anchor)
+
+    def on_gradients(gradients):
+        return joined(gradients, gradients)
+
+    return on_gradients
+
+
 class CaptureBackend:
     """One way of capturing; see the module docstring. Subclasses set ``name``, and override
     the faces they have and the lifecycle hooks they need (like accelerate's ``ModelHook``)."""
@@ -202,6 +228,19 @@ class CaptureBackend:
         after it; processing deletes such files once MindSpore has finished them. None: nothing
         of the kind to wait for."""
         return None
+
+    @property
+    def pairs_backward_by_order(self) -> bool:
+        """True when backward captures carry no call number, so processing pairs each with a forward call by
+        execution order (graph-mode TensorDump); the micro-batch schedule must then be known
+        (``capture/micro_batches.py``)."""
+        return False
+
+    def parallel_settings(self):
+        """MindSpore's auto-parallel settings as they schedule micro-batches (``micro_batches.ParallelSettings``)."""
+        from mf_celldump.capture.micro_batches import mindspore_parallel_settings
+
+        return mindspore_parallel_settings()
 
     def setup(self, initial_step: int) -> None:
         """Called once at attach, before any compile. May raise ``BackendSetupError``."""

@@ -2,17 +2,19 @@
 
 Python runs when the op executes, in either mode, so this works wherever MindSpore
 runs pyfunc ops (CPU and GPU, PyNative and graph). The op takes ``(x, key, call)`` where
-``key`` is a small int32 tensor (dtype code, constants note, tie flag, probe key codes) and
+``key`` is a small int32 tensor (dtype code, constants note, backward rank + 1 of a top-level
+tensor positional input or 0, probe key codes) and
 ``call`` the call number when only the running graph knows it (below), so one op instance
 serves every probe. Its ``bprop`` passes the incoming gradient through a second
 pyfunc op that records it. The forward op carries ``side_effect_io``, so graph mode neither
 drops a probe whose output goes unused nor merges two calls' probes of one tensor.
 
-Gradients of a call's positional inputs are recorded by the call's tie instead (one
-``InsertGradientOf`` over the tuple of its top-level tensor arguments: graph_wrapper in
-graph mode, with keys carrying tie flag 1; ``GradientHookCache.apply_many`` in PyNative),
-under their rank among those arguments, as msprobe numbers ``backward.output.i``; the
-probes of those inputs record forward values only.
+Gradients of a call's top-level tensor positional inputs are recorded under their rank
+among those arguments, as msprobe numbers ``backward.output.i``. In PyNative the call's
+tie records them (``GradientHookCache.apply_many``: one hook over the tuple of those
+arguments) and the inputs' probes record forward values only. In graph mode the tie (one
+``InsertGradientOf`` over the tuple, before the probes, graph_wrapper) passes them through
+and each input's probe records its gradient in its ``bprop``, with the call's number (below).
 
 Non-tensor values in graph mode: a constant (``None``, a Python int or flag) is noted at
 compile time in a table of this backend, and the call's first tensor probe carries the
@@ -27,9 +29,9 @@ so two calls are never merged) runs first in each call and returns the call's nu
 the runtime's counter; the graph probe op takes it as a third input, and its ``bprop``
 receives the same value, so an output's gradient is recorded under the call that produced
 it even when gradients do not flow in reverse call order (Qwen3's rotary cell applied to
-query, then key, whose backward runs in data order). The tie's function sees
-gradients only, so input gradients carry no call; processing pairs them with a forward
-call by order and shape (docs/raw-format.md).
+query, then key, whose backward runs in data order; micro-batches, whose backward runs
+in whatever order the graph's schedule gives). Input gradients, recorded by the inputs'
+probes, carry the call the same way.
 
 Execution is asynchronous in graph mode, so the session synchronises before marking a
 step complete.
@@ -46,7 +48,14 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops.primitive import constexpr
 
-from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
+from mf_celldump.capture.backends.base import (
+    BackendContext,
+    CaptureBackend,
+    GraphFace,
+    InputTie,
+    PyNativeFace,
+    joined_gradients,
+)
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
 from mf_celldump.dtypes import dtype_names, mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.rawformat.keys import (
@@ -107,6 +116,8 @@ def _as_computed(data, declared: Optional[str]):
     (float64, int64, bool).
     """
     array = _owned(data)
+    if declared == "bfloat16" and array.dtype == np.float32:
+        return array, declared  # passed as float32 by ``through_float32`` (a pyfunc op takes no bfloat16)
     if isinstance(data, np.ndarray) or not declared:
         return array, array.dtype.name
     kind = next((k for prefix, k in _NAME_KINDS if declared.startswith(prefix)), None)
@@ -115,6 +126,34 @@ def _as_computed(data, declared: Optional[str]):
     if declared != "bfloat16":
         array = array.astype(declared)
     return array, declared
+
+
+def through_float32(op: Callable, with_call: bool = True) -> Callable:
+    """``op(x, key[, call])`` for a value of any dtype (graph-parsable; also eager in PyNative).
+
+    A pyfunc op takes no bfloat16 (numpy has no buffer format for it: "cannot include dtype
+    'E' in a buffer", MindSpore 2.9 CPU, both modes), so a bfloat16 value goes through as
+    float32 and comes back as bfloat16, both casts exact; its gradient takes the same way
+    back. The key still says bfloat16 (the compile-time dtype), and ``_as_computed`` records
+    the float32 array under that name, as the raw format stores bfloat16.
+    """
+    cast, float32, bfloat16 = ops.cast, ms.float32, ms.bfloat16
+
+    @constexpr
+    def is_bf16(dtype):
+        return dtype == bfloat16
+
+    if with_call:
+        def run(x, key, call):
+            if is_bf16(x.dtype):
+                return cast(op(cast(x, float32), key, call), bfloat16)
+            return op(x, key, call)
+    else:
+        def run(x, key):
+            if is_bf16(x.dtype):
+                return cast(op(cast(x, float32), key), bfloat16)
+            return op(x, key)
+    return run
 
 
 def _same_shape(x_shape, *key_shapes):
@@ -224,8 +263,10 @@ class HostBackend(CaptureBackend):
             return
         codes = np.asarray(key).reshape(-1).tolist()
         probe = ProbeKey.from_codes(codes[3:], direction)
-        if direction == BACKWARD and probe.slot == SLOT_ARG and not codes[2]:
-            return  # graph mode: a positional input's gradient is recorded by the call's tie (codes[2] set)
+        if direction == BACKWARD and probe.slot == SLOT_ARG:
+            if not codes[2]:
+                return  # not a top-level tensor argument: msprobe numbers no gradient for it
+            probe = dataclasses.replace(probe, path=(codes[2] - 1,))  # its rank among them: backward output.{rank}
         if call is not None:
             number = int(np.asarray(call).reshape(-1)[0])
             if number >= 0:
@@ -285,14 +326,16 @@ class HostPyNative(PyNativeFace):
     def __init__(self, backend: HostBackend):
         self.backend = backend
         self._no_call = Tensor((UNKNOWN_CALL,), ms.int32)  # the key itself holds the call number
+        self._input_probe = through_float32(backend.input_probe_op)
+        self._probe = through_float32(backend.probe_op)
         self.gradient_hooks = GradientHookCache(backend.context.runtime, backend.emit_gradient)
 
     def forward(self, value, key: ProbeKey, mode: str):
         backend = self.backend
         if isinstance(value, Tensor):
             codes = Tensor(_dtype_code(value.dtype) + (0, 0) + key.to_codes(), dtype=ms.int32)
-            op = backend.input_probe_op if key.slot == SLOT_ARG else backend.probe_op
-            return op(value, codes, self._no_call)
+            probe = self._input_probe if key.slot == SLOT_ARG else self._probe
+            return probe(value, codes, self._no_call)
         kind = kind_of_value(value)
         if kind is not None and backend.config.captures_forward:
             backend.context.sink.value(key.with_kind(kind), value)
@@ -322,7 +365,7 @@ class HostGraph(GraphFace):
         return call_number
 
     def probe_function(self) -> Callable:
-        probe_op, value_op = self.backend.probe_op, self.backend.value_op
+        probe_op, value_op = through_float32(self.backend.probe_op), self.backend.value_op
         forward_enabled = self.backend.config.captures_forward
         int32, int64, float32, bool_ = ms.int32, ms.int64, ms.float32, ms.bool_
         key_codes = _make_graph_key_codes()
@@ -358,41 +401,38 @@ class HostGraph(GraphFace):
         return note_constants
 
     def input_gradients_function(self) -> Optional[Callable]:
+        """The call's tie, placed before the inputs' probes, joins their gradients (``joined_gradients``): after
+        it, a mask's probe takes a value that depends on the call's other inputs, so autodiff builds its bprop,
+        whose grad op records the gradient with the call's number (the counter op's runtime value, like an
+        output's), and the join keeps that recording alive. A tie that recorded the gradients itself could not
+        say which call they belong to (InsertGradientOf's function sees gradients only), and calls of equal
+        shape, such as micro-batches, would be told apart by the order of their backward alone."""
         if not self.backend.config.captures_backward:
             return None
-        grad_op, null_op, int32, arg_code = self.backend.grad_op, self.backend.null_op, ms.int32, SLOT_CODES[SLOT_ARG]
+        null_op, int32, arg_code = self.backend.null_op, ms.int32, SLOT_CODES[SLOT_ARG]
         none_code = KIND_CODES[KIND_NONE]
         key_codes = _make_graph_key_codes()
-        no_call = Tensor((UNKNOWN_CALL,), int32)  # the tie's function sees gradients only: processing numbers
+
+        on_gradients = joined_gradients()
 
         def for_cell(cell_id):
             head = (cell_id, arg_code)
 
-            def record_all(gradients, rank):
-                if not gradients:
-                    return ()
-                gradient = gradients[0]
-                key = Tensor(key_codes(head, 0, (rank,), gradient.dtype, 0, 1), int32)
-                return (grad_op(gradient, key, no_call),) + record_all(gradients[1:], rank + 1)
-
-            def on_gradients(gradients):
-                return record_all(gradients, 0)
-
             def no_gradient(tensors, rank):
                 if tensors:
-                    null_op(Tensor(0, int32), Tensor(key_codes(head, none_code, (rank,), None, 0, 1), int32))
+                    null_op(Tensor(0, int32), Tensor(key_codes(head, none_code, (rank,), None, 0, rank + 1), int32))
                     no_gradient(tensors[1:], rank + 1)
 
             def on_no_gradient(tensors):
                 no_gradient(tensors, 0)
                 return tensors
 
-            return InputTie(on_gradients, on_no_gradient)
+            return InputTie(on_gradients, on_no_gradient, before_probes=True)
 
         return for_cell
 
     def gradient_probe_function(self) -> Callable:
-        record_op, int32 = self.backend.record_op, ms.int32
+        record_op, int32 = through_float32(self.backend.record_op, with_call=False), ms.int32
         key_codes = _make_graph_key_codes()
 
         def gradient_probe(value, head, path):
@@ -403,9 +443,12 @@ class HostGraph(GraphFace):
 
 def _make_graph_key_codes():
     @constexpr
-    def graph_key_codes(head, kind_code, path, ms_dtype, note, tied=0):
-        # Runs in Python at graph compile time: everything here is a constant.
+    def graph_key_codes(head, kind_code, path, ms_dtype, note, ranked=None):
+        # Runs in Python at graph compile time: everything here is a constant. ``ranked``: the backward
+        # rank + 1 of a top-level tensor positional input (graph_wrapper's head[2]), 0 for anything else.
         dtype = _dtype_code(ms_dtype) if ms_dtype is not None else (_NO_DTYPE,)
-        return dtype + (note, tied, head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
+        if ranked is None:
+            ranked = head[2] + 1 if len(head) > 2 and head[2] >= 0 else 0
+        return dtype + (note, ranked, head[0], head[1], kind_code, UNKNOWN_CALL) + tuple(path)
 
     return graph_key_codes

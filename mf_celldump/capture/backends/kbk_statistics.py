@@ -55,6 +55,7 @@ def _refuse_beside(others: List[str]) -> None:
 class KbkStatisticsBackend(TensorDumpBackend):
     name = "kbk_statistics"
     stem_separator = "-"  # a kernel name in statistic.csv loses its dots up to MindSpore 2.7.0
+    widens_low_precision = True  # statistics of bfloat16/float16 values computed in float32
 
     def __init__(self, context, primitives: Optional[AscendPrimitives] = None):
         super().__init__(context, primitives)

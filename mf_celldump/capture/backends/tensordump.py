@@ -29,7 +29,14 @@ from mindspore import Parameter, Tensor, ops
 from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
-from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
+from mf_celldump.capture.backends.base import (
+    BackendContext,
+    CaptureBackend,
+    GraphFace,
+    InputTie,
+    PyNativeFace,
+    joined_gradients,
+)
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_process import (
     advise_slicing,
@@ -38,6 +45,7 @@ from mf_celldump.capture.backends.tensordump_process import (
     foreign_users,
 )
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
+from mf_celldump.capture.micro_batches import ParallelSettings
 from mf_celldump.rawformat.keys import (
     BACKWARD,
     CODE_SLOTS,
@@ -56,6 +64,10 @@ logger = logging.getLogger(__name__)
 class TensorDumpBackend(CaptureBackend):
     name = "tensordump"
     stem_separator = "."
+    # Statistics backends dump a float32 copy of a bfloat16/float16 value (names.WIDENED_DTYPES):
+    # MindSpore's device statistics kernels allocate their result in the input's dtype
+    # (statistic_kernel.cc, GetOutputDeviceAddress(input->dtype_id())).
+    widens_low_precision = False
 
     def __init__(self, context: BackendContext, primitives: Optional[AscendPrimitives] = None):
         super().__init__(context)
@@ -80,6 +92,13 @@ class TensorDumpBackend(CaptureBackend):
     @property
     def last_unselected_step(self) -> Optional[int]:
         return self._last_unselected
+
+    @property
+    def pairs_backward_by_order(self) -> bool:
+        return self.graph_mode  # file names are fixed when the graph is compiled: no call in them
+
+    def parallel_settings(self) -> ParallelSettings:
+        return ParallelSettings.read(self.primitives.auto_parallel_context)
 
     def manifest_fields(self) -> dict:
         if not self.graph_mode:
@@ -286,6 +305,8 @@ class TensorDumpPyNative(PyNativeFace):
 
 
 class TensorDumpGraph(GraphFace):
+    dumps_in_control_flow = False  # debug_func.py: "The operator of tensordump doesn't support in control flow"
+
     def __init__(self, backend: TensorDumpBackend):
         self.backend = backend
 
@@ -299,22 +320,30 @@ class TensorDumpGraph(GraphFace):
         sep = self.backend.stem_separator
         graph_path = _make_graph_path()
         has_gradient, gradient_path = _make_gradient_numbering()
+        widened, float32, cast = _make_widening(self.backend.widens_low_precision), ms.float32, ops.cast
 
-        def graph_probe(value, head, path, use_in, note, call):  # TensorDump file order gives the call
+        def dumped(value, head, path, use_in, wide):  # TensorDump file order gives the call
+            if backward_enabled and has_gradient(head):
+                # A forward "in" dump pairs with a gradient "out" hook: MindSpore's parallel pass
+                # keeps both on the consumer side of a redistribution (PTD
+                # MakeInModeDumpAfterRedistribution / MakeOutModeDumpBwdHookAfterRedistribution),
+                # "out" with "in" on the producer side; msprobe 26.2 pairs them the same way.
+                value = grad(graph_path(prefix, head, "b", gradient_path(head, path), sep, wide), value,
+                             "out" if use_in else "in")
+            if forward_enabled:
+                name = graph_path(prefix, head, "f", path, sep, wide)
+                if use_in:  # noqa: SIM108 - statement form: what the graph parser is known to take
+                    value = depend(value, dump_in(name, value))
+                else:
+                    value = depend(value, dump_out(name, value))
+            return value
+
+        def graph_probe(value, head, path, use_in, note, call):
             if isinstance(value, Tensor):
-                if backward_enabled and has_gradient(head):
-                    # A forward "in" dump pairs with a gradient "out" hook: MindSpore's parallel pass
-                    # keeps both on the consumer side of a redistribution (PTD
-                    # MakeInModeDumpAfterRedistribution / MakeOutModeDumpBwdHookAfterRedistribution),
-                    # "out" with "in" on the producer side; msprobe 26.2 pairs them the same way.
-                    value = grad(graph_path(prefix, head, "b", gradient_path(head, path), sep), value,
-                                 "out" if use_in else "in")
-                if forward_enabled:
-                    name = graph_path(prefix, head, "f", path, sep)
-                    if use_in:  # noqa: SIM108 - statement form: what the graph parser is known to take
-                        value = depend(value, dump_in(name, value))
-                    else:
-                        value = depend(value, dump_out(name, value))
+                wide = widened(value.dtype)
+                if wide:  # a float32 copy goes through the dumps; its gradient comes back the same way
+                    return cast(dumped(cast(value, float32), head, path, use_in, wide), value.dtype)
+                return dumped(value, head, path, use_in, wide)
             return value
 
         return graph_probe
@@ -335,14 +364,7 @@ class TensorDumpGraph(GraphFace):
         prefix = self.backend.context.writer.placeholder_step_dir() + os.sep
         sep = self.backend.stem_separator
         null_path = _make_null_path()
-
-        def joined(gradients, anchor):
-            if not gradients:
-                return ()
-            return (depend(gradients[0], anchor),) + joined(gradients[1:], anchor)
-
-        def on_gradients(gradients):
-            return joined(gradients, gradients)
+        on_gradients = joined_gradients()
 
         def for_cell(cell_id):
             def no_gradient(tensors, rank):
@@ -363,9 +385,13 @@ class TensorDumpGraph(GraphFace):
         prefix = self.backend.context.writer.placeholder_step_dir() + os.sep
         sep = self.backend.stem_separator
         graph_path = _make_graph_path()
+        widened, float32, cast = _make_widening(self.backend.widens_low_precision), ms.float32, ops.cast
 
         def gradient_probe(value, head, path):
-            return depend(value, dump_out(graph_path(prefix, head, "b", path, sep), value))
+            wide = widened(value.dtype)
+            if wide:
+                return depend(value, dump_out(graph_path(prefix, head, "b", path, sep, wide), cast(value, float32)))
+            return depend(value, dump_out(graph_path(prefix, head, "b", path, sep, wide), value))
 
         return gradient_probe
 
@@ -398,10 +424,22 @@ def _make_null_path():
 
 def _make_graph_path():
     @constexpr
-    def graph_path(prefix, head, direction_letter, path, sep):
+    def graph_path(prefix, head, direction_letter, path, sep, widened_from=""):
         # Compile-time: builds the TensorDump file path from constants.
         key = ProbeKey(cell_id=head[0], direction=FORWARD if direction_letter == "f" else BACKWARD,
                        slot=CODE_SLOTS[head[1]], kind=KIND_TENSOR, path=tuple(path), call=None)
-        return prefix + raw_stem(key, sep)
+        return prefix + raw_stem(key, sep, widened_from or None)
 
     return graph_path
+
+
+def _make_widening(enabled: bool):
+    """``widened(dtype)``: the numpy-style name of a bfloat16/float16 dtype the backend dumps as a float32
+    copy (``names.WIDENED_DTYPES``), else ``""``; compile time."""
+    low = {str(ms.bfloat16): "bfloat16", str(ms.float16): "float16"}
+
+    @constexpr
+    def widened(dtype):
+        return low.get(str(dtype), "") if enabled else ""
+
+    return widened
