@@ -18,6 +18,8 @@ from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Uni
 
 import yaml
 
+from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
+
 TASKS = ("tensor", "statistics")
 DATA_MODES = ("forward", "backward", "all")
 STATISTICS = ("max", "min", "mean", "norm", "md5", "nan_count", "inf_count")
@@ -27,6 +29,10 @@ DEFAULT_STATISTICS = ("max", "min", "mean", "norm")
 DEFAULT_PROCESS_TIMEOUT = 1800.0
 BACKENDS = ("auto", "tensordump", "host", "device_stats", "kbk_statistics")
 DEFAULT_DUMP_DIR_NAME = "celldump"
+# Seconds rank 0 waits at train end for the other ranks' step summaries. Below MindSpore's
+# node timeout (MS_NODE_TIMEOUT, 30 s by default): a rank that vanished gets the others
+# stopped by MindSpore that long after, and the verdict should name it before then.
+DEFAULT_RANK_VERDICT_TIMEOUT = 20.0
 
 
 class ConfigError(ValueError):
@@ -204,6 +210,9 @@ class DumpConfig:
     process_on_train_end: bool = True
     process_timeout: float = DEFAULT_PROCESS_TIMEOUT
     jobs: Optional[int] = None
+    rank_verdict: bool = True
+    rank_verdict_timeout: float = DEFAULT_RANK_VERDICT_TIMEOUT
+    replica_groups: ReplicaGroups = field(default_factory=ReplicaGroups)
 
     # ------------------------------------------------------------------
     @property
@@ -239,7 +248,7 @@ class DumpConfig:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, IndexSelection):
+            if isinstance(value, (IndexSelection, ReplicaGroups)):
                 value = value.describe()
             elif isinstance(value, tuple):
                 value = list(value)
@@ -301,17 +310,23 @@ class DumpConfig:
             kwargs["statistics"] = tuple(dict.fromkeys(stats))
         if "backend" in values:
             kwargs["backend"] = _choice("backend", values["backend"], BACKENDS)
-        for key in ("parameters", "process_on_train_end"):
+        for key in ("parameters", "process_on_train_end", "rank_verdict"):
             if key in values:
                 flag = values[key]
                 if not isinstance(flag, bool):
                     raise ConfigError(_bad(key, flag, "true or false"))
                 kwargs[key] = flag
-        if "process_timeout" in values:
-            timeout = values["process_timeout"]
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-                raise ConfigError(_bad("process_timeout", timeout, "a number of seconds > 0"))
-            kwargs["process_timeout"] = float(timeout)
+        for key in ("process_timeout", "rank_verdict_timeout"):
+            if key in values:
+                timeout = values[key]
+                if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+                    raise ConfigError(_bad(key, timeout, "a number of seconds > 0"))
+                kwargs[key] = float(timeout)
+        if "replica_groups" in values:
+            try:
+                kwargs["replica_groups"] = ReplicaGroups.parse(values["replica_groups"], "replica_groups")
+            except ReplicaSpecError as err:
+                raise ConfigError(str(err)) from None
         if "jobs" in values and values["jobs"] is not None:
             kwargs["jobs"] = resolve_jobs(values["jobs"])
         return cls(**kwargs)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
-import socket
 import subprocess
-import sys
 
 import pytest
+
+from tests.support.msrun import MSRUN, msrun_env, open_text
 
 pytestmark = pytest.mark.slow
 
@@ -23,33 +22,11 @@ SCRIPT = os.path.join(REPO, "examples", "distributed", "run_2ranks.sh")
 WQ_FORWARD = "Cell.model.layers.0.attention.wq.Linear.forward.0"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def open_text(path) -> str:
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return handle.read()
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    # msrun starts workers with a bare `python`: this interpreter's bin goes first.
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["MASTER_PORT"] = str(_free_port())
-    # msprobe imports MindSpore's generated protobuf modules after its own; the pure-Python
-    # protobuf runtime accepts that order (the C++ one fails with "Descriptors cannot be created").
-    env["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
-    return env
-
-
-@pytest.mark.skipif(shutil.which("msrun", path=os.path.dirname(sys.executable)) is None,
+@pytest.mark.skipif(MSRUN is None,
                     reason="msrun is not installed next to this Python")
 def test_two_ranks_each_dump_their_own_folder(tmp_path):
     out = tmp_path / "run"
-    env = _env()
+    env = msrun_env()
     proc = subprocess.run(["bash", SCRIPT, str(out), "pynative", "--dump", "steps=0-1"], cwd=tmp_path,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     logs = "".join(open_text(p)[-3000:] for p in glob.glob(str(out / "msrun_log" / "worker_*.log")))

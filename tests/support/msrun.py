@@ -1,0 +1,113 @@
+"""Starting real multi-rank jobs on this host: msrun on loopback, and a rank started by hand as another node.
+
+msrun starts workers with a bare ``python`` (this interpreter's bin must come first on
+PATH) and binds the scheduler to the master address. A second "node" is emulated by
+starting one more worker with the environment msrun gives its workers
+(``mindspore/parallel/cluster/process_entity/_api.py``: ``MS_WORKER_NUM``,
+``MS_SCHED_HOST``/``MS_SCHED_PORT``, ``MS_ROLE=MS_WORKER``, ``MS_NODE_ID``, ``RANK_ID``):
+msrun's own rule (one worker exits with an error, it kills the others it started) then
+applies only to the ranks it started, as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+MSRUN = shutil.which("msrun", path=os.path.dirname(sys.executable))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def msrun_env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["MASTER_PORT"] = str(free_port())
+    # msprobe imports MindSpore's generated protobuf modules after its own; the pure-Python
+    # protobuf runtime accepts that order (the C++ one fails with "Descriptors cannot be created").
+    env["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+    return env
+
+
+def open_text(path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+@dataclass
+class Job:
+    """What a finished job left: each rank's log text and the launchers' exit codes."""
+
+    log_dir: str
+    returncodes: Dict[str, Optional[int]] = field(default_factory=dict)
+    output: str = ""
+
+    def log(self, rank: int) -> str:
+        for pattern in (f"worker_{rank}.log", f"node_worker_{rank}.log"):
+            path = os.path.join(self.log_dir, pattern)
+            if os.path.exists(path):
+                return open_text(path)
+        return ""
+
+    def tails(self, size: int = 3000) -> str:
+        return "".join(f"\n--- {os.path.basename(p)}\n" + open_text(p)[-size:]
+                       for p in sorted(glob.glob(os.path.join(self.log_dir, "*.log"))))
+
+
+def run_job(script: str, args: List[str], workers: int, log_dir: str, cwd: str, local_workers: Optional[int] = None,
+            timeout: float = 900) -> Job:
+    """``msrun`` of ``script``: all ``workers`` here, or ``local_workers`` here and the rest started by hand
+    (one process each, as further nodes would start them)."""
+    env = msrun_env()
+    port = env["MASTER_PORT"]
+    local = workers if local_workers is None else local_workers
+    command = [MSRUN, f"--worker_num={workers}", f"--local_worker_num={local}", "--master_addr=127.0.0.1",
+               f"--master_port={port}", f"--log_dir={log_dir}", "--join=True"]
+    if local != workers:
+        command.append("--node_rank=0")
+    os.makedirs(log_dir, exist_ok=True)
+    job = Job(log_dir)
+    launcher = subprocess.Popen(command + [script] + args, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    others = []
+    for rank in range(local, workers):
+        node_env = dict(env, MS_WORKER_NUM=str(workers), MS_SCHED_HOST="127.0.0.1", MS_SCHED_PORT=port,
+                        MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank), RANK_ID=str(rank), DEVICE_ID="0",
+                        RANK_SIZE=str(workers))
+        with open(os.path.join(log_dir, f"node_worker_{rank}.log"), "w", encoding="utf-8") as log:
+            others.append((rank, subprocess.Popen([sys.executable, script] + args, cwd=cwd, env=node_env,
+                                                  stdout=log, stderr=subprocess.STDOUT)))
+    try:
+        job.output = launcher.communicate(timeout=timeout)[0]
+        job.returncodes["msrun"] = launcher.returncode
+        for rank, proc in others:
+            job.returncodes[f"rank{rank}"] = proc.wait(timeout=60)
+    finally:
+        _stop(launcher, [p for _, p in others])
+    return job
+
+
+def _stop(launcher: subprocess.Popen, others: List[subprocess.Popen]) -> None:
+    """Whatever still runs after a timeout: msrun stops its own workers on SIGINT; ours are killed."""
+    if launcher.poll() is None:
+        launcher.send_signal(signal.SIGINT)
+        try:
+            launcher.wait(30)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+    for proc in others:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
