@@ -148,6 +148,8 @@ def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[s
 
 def record_number(value) -> Optional[float]:
     """A statistic of a dump record as a float (None when absent, a bool or not a number)."""
+    if type(value) is float:  # the common case, first
+        return value
     if isinstance(value, bool) or value is None:
         return None
     try:

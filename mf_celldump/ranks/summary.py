@@ -27,7 +27,6 @@ from mf_celldump.layout.naming import (
     BACKWARD,
     DUMP_JSON,
     FORWARD,
-    PARAMETERS,
     parse_entry_name,
     parse_parameters_grad_name,
 )
@@ -164,27 +163,21 @@ def summarize(dump_json: str, step: Optional[int], rank: int) -> RankSummary:
             if grads is not None:
                 backward.extend((pos, item) for item in _grad_items(grads.cell, body))
             continue
-        first.add(pos, name, parsed.cell, parsed.direction, body)
+        slots = list(tensor_slots(parsed.direction, body, parameters=True))
+        first.add_slots(pos, name, parsed.cell, parsed.direction, slots)
         target = forward if parsed.direction == FORWARD else backward
-        if parsed.direction == FORWARD and parsed.cell not in seen_weights:
-            seen_weights.add(parsed.cell)  # the weights every call of the step reads
-            target.extend((pos, item) for item in _weight_items(parsed.cell, body))
+        weights = parsed.direction == FORWARD and parsed.cell not in seen_weights
+        seen_weights.add(parsed.cell)  # the weights every call of the step reads: from its first call
         call = f"{parsed.direction}.{parsed.call}"
-        for slot, record in tensor_slots(parsed.direction, body):
-            if parsed.direction == BACKWARD or slot.startswith("output"):
+        for slot, record in slots:
+            if slot.startswith("param."):
+                if weights:
+                    target.append((pos, Item(parsed.cell, slot, WEIGHT, record_digest(record))))
+            elif parsed.direction == BACKWARD or slot.startswith("output"):
                 target.append((pos, _size_item(parsed.cell, f"{call} {slot}", ACT, record)))
     summary.items = [item for _, item in forward] + [item for _, item in backward]
     summary.anomaly = first.result()
     return summary
-
-
-def _weight_items(cell: str, body: Dict[str, Any]) -> Iterator[Item]:
-    weights = body.get(PARAMETERS)
-    if not isinstance(weights, dict):
-        return
-    for name, record in weights.items():
-        if is_tensor(record):
-            yield Item(cell, f"param.{name}", WEIGHT, record_digest(record))
 
 
 def _grad_items(cell: str, body: Dict[str, Any]) -> Iterator[Item]:
@@ -237,8 +230,12 @@ class FirstAnomaly:
         self.counts = {"nan": 0, "inf": 0, "large": 0}
 
     def add(self, pos: int, name: str, cell: str, direction: str, body: Dict[str, Any]) -> None:
+        self.add_slots(pos, name, cell, direction, tensor_slots(direction, body, parameters=True))
+
+    def add_slots(self, pos: int, name: str, cell: str, direction: str, slots) -> None:
+        """As ``add``, with the entry's (slot, record) pairs (``tensor_slots`` with parameters) already walked."""
         bad = []
-        for slot, record in tensor_slots(direction, body, parameters=True):
+        for slot, record in slots:
             kind = slot_anomaly(record, self.max_abs)
             if kind:
                 self.counts[kind] += 1
