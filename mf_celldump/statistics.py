@@ -133,19 +133,6 @@ def compute_statistics(array: np.ndarray, wanted: Iterable[str]) -> Dict[str, An
 
 
 # -- reading a record's statistics back ------------------------------------------------
-def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[str]:
-    """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics."""
-    values = [record_number(record.get(k)) for k in ("Max", "Min", "Mean", "Norm")]
-    if any(v is not None and math.isnan(v) for v in values) or _count(record, "nan_count"):
-        return "nan"
-    if any(v is not None and math.isinf(v) for v in values) or _count(record, "inf_count"):
-        return "inf"
-    extremes = [abs(v) for v in values[:2] if v is not None]
-    if max_abs is not None and extremes and max(extremes) > max_abs:
-        return "large"
-    return None
-
-
 def record_number(value) -> Optional[float]:
     """A statistic of a dump record as a float (None when absent, a bool or not a number)."""
     if type(value) is float:  # the common case, first
@@ -156,8 +143,3 @@ def record_number(value) -> Optional[float]:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def _count(record, key) -> bool:
-    value = record_number(record.get(key))
-    return bool(value and value > 0)

@@ -11,13 +11,14 @@ there are all named. The command is ``cli/anomalies.py``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import IndexSelection
-from mf_celldump.layout.naming import FORWARD, parse_entry_name
+from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
 from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
-from mf_celldump.ranks.summary import FirstAnomaly
+from mf_celldump.layout.slots import tensor_slots
 
 
 @dataclass
@@ -44,17 +45,54 @@ class Finding:
         return ""
 
 
+def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[str]:
+    """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics."""
+    values = [_float(record.get(k)) for k in ("Max", "Min", "Mean", "Norm")]
+    if any(v is not None and math.isnan(v) for v in values) or _count(record, "nan_count"):
+        return "nan"
+    if any(v is not None and math.isinf(v) for v in values) or _count(record, "inf_count"):
+        return "inf"
+    extremes = [abs(v) for v in values[:2] if v is not None]
+    if max_abs is not None and extremes and max(extremes) > max_abs:
+        return "large"
+    return None
+
+
+def _float(value) -> Optional[float]:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _count(record, key) -> bool:
+    value = _float(record.get(key))
+    return bool(value and value > 0)
+
+
 def scan_rank(dump_json: str, step: Optional[int], rank: str, max_abs: Optional[float]) -> Dict[str, Any]:
     """First anomaly per direction of one rank folder (streamed), and how many tensors are anomalous."""
-    tracker = FirstAnomaly(max_abs)
+    current: Dict[str, Finding] = {}
+    counts = {"nan": 0, "inf": 0, "large": 0}
     for pos, (name, body) in enumerate(DumpJson(dump_json).entries()):
         parsed = parse_entry_name(name)
-        if parsed is not None:
-            tracker.add(pos, name, parsed.cell, parsed.direction, body)
-    found = tracker.result()
-    first = None if found is None else Finding(step, rank, found.direction, found.pos, found.entry, found.cell,
-                                               found.slots)
-    return {"step": step, "rank": rank, "first": first, "counts": tracker.counts}
+        if parsed is None:
+            continue
+        bad = []
+        for slot, record in tensor_slots(parsed.direction, body, parameters=True):
+            kind = slot_anomaly(record, max_abs)
+            if kind:
+                counts[kind] += 1
+                bad.append({"slot": slot, "kind": kind, "Max": record.get("Max"), "Min": record.get("Min")})
+        if not bad:
+            continue
+        found = current.get(parsed.direction)
+        if found is None or parsed.cell.startswith(found.cell + "."):
+            current[parsed.direction] = Finding(step, rank, parsed.direction, pos, name, parsed.cell, bad)
+    first = current.get(FORWARD) or current.get(BACKWARD)
+    return {"step": step, "rank": rank, "first": first, "counts": counts}
 
 
 def scan(path: str, steps: IndexSelection, ranks: IndexSelection, max_abs: Optional[float]) -> Dict[str, Any]:

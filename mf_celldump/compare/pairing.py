@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from mf_celldump.compare import metrics, tensors, transforms
 from mf_celldump.compare.store import Store
-from mf_celldump.layout.naming import FORWARD, layer_of, parse_entry_name
+from mf_celldump.layout.naming import FORWARD, parse_entry_name
 from mf_celldump.layout.reader import DumpJson, RankDump
 from mf_celldump.layout.slots import slot_record, tensor_slots
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
@@ -80,6 +80,15 @@ def _numbered(
             classes[parsed.cell] = parsed.cls
         row = (parsed.cell, parsed.direction, ordinal, name, body)
         yield (*row, parsed.cls) if with_class else row
+
+
+def layer_of(cell: str) -> str:
+    """Depth group of a cell: its name up to the first numbered part (``model.layers.1``), else itself."""
+    parts = cell.split(".")
+    for index, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: index + 1])
+    return cell
 
 
 def enclosing_groups(cells: Iterable[str]) -> set:

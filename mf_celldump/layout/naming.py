@@ -81,6 +81,15 @@ def parameters_grad_data_name(entry: str, weight: str) -> str:
     return f"{entry}.{weight}.npy"
 
 
+def parse_parameters_grad_name(name: str) -> Optional[EntryName]:
+    """``Cell.{cell}.{Class}.parameters_grad.{n}`` as an :class:`EntryName` of direction ``parameters_grad``;
+    None for any other name."""
+    parts = name.split(".")
+    if len(parts) < 5 or parts[0] not in CELL_PREFIXES or parts[-2] != PARAMETERS_GRAD or not parts[-1].isdigit():
+        return None
+    return EntryName(".".join(parts[1:-3]), parts[-3], PARAMETERS_GRAD, int(parts[-1]))
+
+
 # A parsed entry: MindSpore cells are ``Cell.*``, msprobe's PyTorch modules ``Module.*``.
 CELL_PREFIXES = ("Cell", "Module")
 
@@ -103,25 +112,6 @@ def parse_entry_name(name: str) -> Optional[EntryName]:
     if not parts[-1].isdigit():
         return None
     return EntryName(".".join(parts[1:-3]), parts[-3], parts[-2], int(parts[-1]))
-
-
-def parse_parameters_grad_name(name: str) -> Optional[EntryName]:
-    """``Cell.{cell}.{Class}.parameters_grad.{n}`` as an :class:`EntryName` of direction ``parameters_grad``;
-    None for any other name."""
-    parts = name.split(".")
-    if len(parts) < 5 or parts[0] not in CELL_PREFIXES or parts[-2] != PARAMETERS_GRAD or not parts[-1].isdigit():
-        return None
-    return EntryName(".".join(parts[1:-3]), parts[-3], PARAMETERS_GRAD, int(parts[-1]))
-
-
-def layer_of(cell: str) -> str:
-    """Depth group of a cell: its name up to the first numbered part (``model.layers.1``), else itself."""
-    parts = cell.split(".")
-    for index, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: index + 1])
-    return cell
-
 
 
 # -- temporary names inside the output tree (processing's own) -------------------------

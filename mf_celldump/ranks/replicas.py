@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from mf_celldump.layout.naming import layer_of
+from mf_celldump.compare.pairing import layer_of
 from mf_celldump.ranks.summary import ACT, GRAD, WEIGHT, Item, RankSummary
 
 GRAD_MODES = ("auto", "reduced", "local")
