@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, parse_selection
-from mf_celldump.compare import metrics
+from mf_celldump.compare import metrics, shards
 from mf_celldump.compare.engine import CompareInputError, CompareRequest, run
 from mf_celldump.compare.summary import format_summary, plain, to_json
 from mf_celldump.config import ConfigError
@@ -59,6 +59,15 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="query groups of fused q/k/v baselines (default: from the baseline's core_attention)",
     )
+    for side in ("target", "baseline"):
+        parser.add_argument(
+            f"--{side}-tp",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"the {side} is tensor-parallel over N ranks: merge each group of N consecutive rank folders "
+            "before comparing (shard rules: docs/compare.md); --ranks then selects the merged groups",
+        )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run_compare)
     return parser
@@ -66,21 +75,33 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_compare(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
+    sizes = shards.ShardSizes(args.target_tp, args.baseline_tp)
+    report = None
     try:
         request = _request(args)
-        result = run(request)
+        if sizes.target < 1 or sizes.baseline < 1:
+            raise ValueError(f"--target-tp {sizes.target} / --baseline-tp {sizes.baseline}: give positive numbers")
+        if sizes.merging:
+            result, report = shards.run(request, sizes)
+        else:
+            result = run(request)
     except (CompareInputError, DumpError, MappingError, ConfigError, ValueError) as err:
         if args.json:
             print(json.dumps({"error": str(err), "exit_code": int(ExitCode.BAD_INPUT)}), file=out)
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    code = ExitCode.FOUND if result.diverged else ExitCode.OK
+    code = ExitCode.FOUND if result.diverged or (report and report.disagreements) else ExitCode.OK
     if not result.compared:
         code = ExitCode.BAD_INPUT  # nothing paired is not "no divergence" (msprobe says success there)
     if args.json:
-        print(json.dumps(to_json(result, int(code)), indent=1, default=plain), file=out)
+        data = to_json(result, int(code))
+        if report is not None:
+            data["shards"] = report.to_json()
+        print(json.dumps(data, indent=1, default=plain), file=out)
     else:
         print(format_summary(result), file=out)
+        if report is not None:
+            print(report.text(), file=out)
     if not result.compared:
         print(
             "error: no tensor of the target found a baseline partner to compare with; check the names with "
