@@ -88,7 +88,7 @@ def run_one(work: str, ranks: int, entries: int) -> dict:
 
 
 def table(rows) -> str:
-    lines = ["| ranks | check s | s per rank-step | peak RSS MB | json.load s | x json.load | from summaries s | "
+    lines = ["| ranks | check s | per rank-step | peak RSS MB | json.load s | x json.load | from summaries s | "
              "summaries peak MB | summary KB per rank-step |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -223,8 +224,8 @@ def _write(result: CheckResult) -> None:
         label = result.group_labels.get(group_result.group)
         suffix = f"_group{group_result.group.replace(',', '-')}" if label else ""
         name = f"ranks_heatmap_step{'-' if group_result.step is None else group_result.step}{suffix}.png"
-        title = f"step {group_result.step}" + (f", {label}" if label else "") + ": " + step_line(
-            group_result, result.missing.get((group_result.step, group_result.group), ()))[:160]
+        line = step_line(group_result, result.missing.get((group_result.step, group_result.group), ()), label)
+        title = "\n".join(textwrap.wrap(line, 150)[:3])
         path = report.write_heatmap(group_result, os.path.join(output, name), title)
         if path:
             result.heatmaps.append(path)

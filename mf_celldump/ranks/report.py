@@ -17,6 +17,10 @@ from mf_celldump.ranks.replicas import MARK_ANOMALY, MARK_DEPARTURE, GroupResult
 COLUMNS = ("step", "group", "finding", "rank", "direction", "cell", "tensor", "detail", "count")
 HEAT_CAP = 3.0  # orders of magnitude: the colour scale saturates here
 MAX_TICKS = 40
+# Rows drawn at most: beyond, each row is the worst of consecutive ranks. Matplotlib's image
+# resampling takes memory in proportion to the rows (126 MB at 1024 rows, 53 at 64); the
+# table names every rank anyway.
+MAX_ROWS = 128
 
 
 def finding_rows(results: List[GroupResult], missing: Dict, labels: Dict[str, str]) -> List[dict]:
@@ -65,17 +69,17 @@ def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    heat = np.minimum(result.heat, HEAT_CAP)
+    heat, marks, labels = _binned(np.minimum(result.heat, HEAT_CAP), result.marks, result.ranks)
     rows, cols = heat.shape
     fig, axis = plt.subplots(figsize=(min(18.0, 3.0 + 0.45 * cols), min(14.0, 2.5 + 0.3 * rows)))
     image = axis.imshow(heat, aspect="auto", cmap="magma_r", vmin=0.0, vmax=HEAT_CAP, interpolation="nearest")
     for mark, style in ((MARK_DEPARTURE, dict(marker="x", color="tab:blue", label="weight not bit-identical")),
                         (MARK_ANOMALY, dict(marker="o", facecolors="none", edgecolors="red", label="first NaN/Inf"))):
-        ys, xs = np.nonzero(result.marks & mark)
+        ys, xs = np.nonzero(marks & mark)
         if len(xs):
             axis.scatter(xs, ys, s=40, **style)
     _ticks(axis.set_xticks, axis.set_xticklabels, result.layers, rotation=60)
-    _ticks(axis.set_yticks, axis.set_yticklabels, [f"rank {r}" for r in result.ranks])
+    _ticks(axis.set_yticks, axis.set_yticklabels, labels, rotation=0)
     axis.set_title(title, fontsize=9)
     if axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize=7, loc="upper right")
@@ -87,7 +91,19 @@ def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
     return path
 
 
-def _ticks(set_ticks, set_labels, labels: List[str], rotation: int = 0) -> None:
+def _binned(heat: np.ndarray, marks: np.ndarray, ranks: List[int]):
+    """At most MAX_ROWS rows: the worst value and every mark of each run of consecutive ranks."""
+    size = -(-len(ranks) // MAX_ROWS)
+    if size == 1:
+        return heat, marks, [f"rank {r}" for r in ranks]
+    pad = (-len(ranks)) % size
+    heat = np.pad(heat, ((0, pad), (0, 0))).reshape(-1, size, heat.shape[1]).max(axis=1)
+    marks = np.bitwise_or.reduce(np.pad(marks, ((0, pad), (0, 0))).reshape(-1, size, marks.shape[1]), axis=1)
+    labels = [f"ranks {ranks[i]}-{ranks[min(i + size, len(ranks)) - 1]}" for i in range(0, len(ranks), size)]
+    return heat, marks, labels
+
+
+def _ticks(set_ticks, set_labels, labels: List[str], rotation: int) -> None:
     every = max(1, len(labels) // MAX_TICKS)
     set_ticks(range(0, len(labels), every))
-    set_labels(labels[::every], rotation=rotation, ha="right" if rotation else "center", fontsize=7)
+    set_labels(labels[::every], rotation=rotation, ha="right", fontsize=7)
