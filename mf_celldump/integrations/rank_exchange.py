@@ -93,8 +93,9 @@ def share_address(rank: int, address: Optional[Tuple[str, int]]) -> Optional[Tup
 class Client:
     """One short connection to rank 0's store (``with Client(address) as store: ...``)."""
 
-    def __init__(self, address: Tuple[str, int]):
+    def __init__(self, address: Tuple[str, int], timeout_s: float = CONNECT_TIMEOUT_S):
         self.address = address
+        self.timeout_s = timeout_s
         self.store = None
 
     def __enter__(self):
@@ -102,7 +103,7 @@ class Client:
 
         try:
             self.store = TCPStore(self.address[0], self.address[1], is_master=False,
-                                  timeout=timedelta(seconds=CONNECT_TIMEOUT_S))
+                                  timeout=timedelta(seconds=self.timeout_s))
         except RuntimeError as err:
             raise ExchangeError(f"rank 0's store at {self.address[0]}:{self.address[1]} is unreachable: "
                                 f"{str(err).splitlines()[0]}") from None

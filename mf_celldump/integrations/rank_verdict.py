@@ -68,8 +68,9 @@ class Keys:
 class Publisher:
     """Posts (key, value) pairs to rank 0's store from a thread, one short connection each."""
 
-    def __init__(self, address: Tuple[str, int]):
+    def __init__(self, address: Tuple[str, int], timeout_s: float = rank_exchange.CONNECT_TIMEOUT_S):
         self.address = address
+        self.timeout_s = timeout_s
         self.broken: Optional[str] = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="mf_celldump-rank-verdict", daemon=True)
@@ -93,7 +94,7 @@ class Publisher:
                 continue
             key, value = item
             try:
-                with rank_exchange.Client(self.address) as store:
+                with rank_exchange.Client(self.address, self.timeout_s) as store:
                     store.set(key, value)
                     store.add(Keys.present(key), 1)
             except Exception as err:  # noqa: BLE001  -- never let this thread take training down

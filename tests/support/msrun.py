@@ -18,8 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 MSRUN = shutil.which("msrun", path=os.path.dirname(sys.executable))
 
@@ -66,9 +67,10 @@ class Job:
 
 
 def run_job(script: str, args: List[str], workers: int, log_dir: str, cwd: str, local_workers: Optional[int] = None,
-            timeout: float = 900) -> Job:
+            timeout: float = 900, done: Optional[Callable[[Job], bool]] = None) -> Job:
     """``msrun`` of ``script``: all ``workers`` here, or ``local_workers`` here and the rest started by hand
-    (one process each, as further nodes would start them)."""
+    (one process each, as further nodes would start them). ``done(job)``: stop waiting once it holds (the
+    job is then stopped: e.g. when MindSpore would only wait out its node timeout for a rank that died)."""
     env = msrun_env()
     port = env["MASTER_PORT"]
     local = workers if local_workers is None else local_workers
@@ -78,8 +80,9 @@ def run_job(script: str, args: List[str], workers: int, log_dir: str, cwd: str, 
         command.append("--node_rank=0")
     os.makedirs(log_dir, exist_ok=True)
     job = Job(log_dir)
-    launcher = subprocess.Popen(command + [script] + args, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher_log = os.path.join(log_dir, "msrun.out")  # a file: polling must never leave a full pipe behind
+    with open(launcher_log, "w", encoding="utf-8") as out:
+        launcher = subprocess.Popen(command + [script] + args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     others = []
     for rank in range(local, workers):
         node_env = dict(env, MS_WORKER_NUM=str(workers), MS_SCHED_HOST="127.0.0.1", MS_SCHED_PORT=port,
@@ -89,13 +92,25 @@ def run_job(script: str, args: List[str], workers: int, log_dir: str, cwd: str, 
             others.append((rank, subprocess.Popen([sys.executable, script] + args, cwd=cwd, env=node_env,
                                                   stdout=log, stderr=subprocess.STDOUT)))
     try:
-        job.output = launcher.communicate(timeout=timeout)[0]
+        _wait(job, launcher, [p for _, p in others], timeout, done)
         job.returncodes["msrun"] = launcher.returncode
         for rank, proc in others:
             job.returncodes[f"rank{rank}"] = proc.wait(timeout=60)
     finally:
         _stop(launcher, [p for _, p in others])
     return job
+
+
+def _wait(job: Job, launcher: subprocess.Popen, others: List[subprocess.Popen], timeout: float, done) -> None:
+    deadline = time.monotonic() + timeout
+    while launcher.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"msrun did not finish within {timeout:.0f} s")
+        if done is not None and all(p.poll() is not None for p in others) and done(job):
+            _stop(launcher, [])
+            break
+        time.sleep(1.0)
+    job.output = open_text(os.path.join(job.log_dir, "msrun.out"))
 
 
 def _stop(launcher: subprocess.Popen, others: List[subprocess.Popen]) -> None:

@@ -51,40 +51,60 @@ def full_weights():
             "up": w(4 * HIDDEN, HIDDEN), "down": w(HIDDEN, 4 * HIDDEN), "head": w(1, HIDDEN)}
 
 
-def build(rank: int, tp: int):
-    import mindspore as ms
+class Shard:
+    """Which part of the whole model this process holds, and the AllReduce across the group."""
+
+    def __init__(self, rank: int, tp: int):
+        from mindspore import ops
+
+        self.rank, self.tp = rank, tp
+        self.weights = full_weights()
+        self.all_reduce = ops.AllReduce() if tp > 1 else None
+
+    def rows(self, array):
+        part = array.shape[0] // self.tp
+        return np.ascontiguousarray(array[self.rank * part:(self.rank + 1) * part])
+
+    def columns(self, array):
+        part = array.shape[1] // self.tp
+        return np.ascontiguousarray(array[:, self.rank * part:(self.rank + 1) * part])
+
+
+def _cells():
+    """The network's cell classes (MindSpore is imported here, in the process that trains)."""
     from mindspore import Parameter, Tensor, nn, ops
 
-    weights = full_weights()
-    all_reduce = ops.AllReduce() if tp > 1 else None
-
     class CopyToTP(nn.Cell):
+        def __init__(self, shard):
+            super().__init__()
+            self.all_reduce = shard.all_reduce
+
         def construct(self, x):
             return x
 
         def bprop(self, x, out, dout):
-            return (all_reduce(dout) if all_reduce is not None else dout,)
+            return (self.all_reduce(dout) if self.all_reduce is not None else dout,)
 
     class ReduceFromTP(nn.Cell):
+        def __init__(self, shard):
+            super().__init__()
+            self.all_reduce = shard.all_reduce
+
         def construct(self, x):
-            return all_reduce(x) if all_reduce is not None else x
+            return self.all_reduce(x) if self.all_reduce is not None else x
 
         def bprop(self, x, out, dout):
             return (dout,)
 
-    def parameter(array, name):
-        return Parameter(Tensor(np.ascontiguousarray(array)), name=name)
-
     class ColumnParallelLinear(nn.Cell):
         """Weight rows (output features) split over the ranks; the input is the same on every rank."""
 
-        def __init__(self, key):
+        def __init__(self, shard, key):
             super().__init__()
-            weight, bias = weights[key]
-            part = weight.shape[0] // tp
-            self.weight = parameter(weight[rank * part:(rank + 1) * part], "weight")
-            self.bias = parameter(bias[rank * part:(rank + 1) * part], "bias")
-            self.copy_to_tp = CopyToTP()
+            weight, bias = shard.weights[key]
+            self.weight = Parameter(Tensor(shard.rows(weight)), name="weight")
+            self.bias = Parameter(Tensor(shard.rows(bias)), name="bias")
+            self.copy_to_tp = CopyToTP(shard)
 
         def construct(self, x):
             return ops.matmul(self.copy_to_tp(x), self.weight.T) + self.bias
@@ -92,15 +112,14 @@ def build(rank: int, tp: int):
     class RowParallelLinear(nn.Cell):
         """Weight columns (input features) split; the output is a partial sum unless ``reduce``."""
 
-        def __init__(self, key, reduce: bool):
+        def __init__(self, shard, key, reduce: bool):
             super().__init__()
-            weight, bias = weights[key]
-            part = weight.shape[1] // tp
-            self.weight = parameter(weight[:, rank * part:(rank + 1) * part], "weight")
+            weight, bias = shard.weights[key]
+            self.weight = Parameter(Tensor(shard.columns(weight)), name="weight")
             self.reduce = reduce
             if reduce:
-                self.bias = parameter(bias, "bias")
-                self.reduce_from_tp = ReduceFromTP()
+                self.bias = Parameter(Tensor(bias), name="bias")
+                self.reduce_from_tp = ReduceFromTP(shard)
 
         def construct(self, x):
             y = ops.matmul(x, self.weight.T)
@@ -108,26 +127,33 @@ def build(rank: int, tp: int):
                 y = self.reduce_from_tp(y) + self.bias
             return y
 
+    return CopyToTP, ReduceFromTP, ColumnParallelLinear, RowParallelLinear
+
+
+def build(rank: int, tp: int):
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn, ops
+
+    shard = Shard(rank, tp)
+    _, ReduceFromTP, ColumnParallelLinear, RowParallelLinear = _cells()
+
     class CoreAttention(nn.Cell):
         """Softmax attention over this rank's heads: inputs and output split on the last axis."""
 
         def construct(self, q, k, v):
-            heads = HEADS // tp
-            size = HIDDEN // HEADS
-            q = q.reshape(BATCH, SEQ, heads, size).transpose(0, 2, 1, 3)
-            k = k.reshape(BATCH, SEQ, heads, size).transpose(0, 2, 1, 3)
-            v = v.reshape(BATCH, SEQ, heads, size).transpose(0, 2, 1, 3)
+            heads, size = HEADS // tp, HIDDEN // HEADS
+            q, k, v = (t.reshape(BATCH, SEQ, heads, size).transpose(0, 2, 1, 3) for t in (q, k, v))
             scores = ops.softmax(ops.matmul(q, k.transpose(0, 1, 3, 2)) / float(np.sqrt(size)), axis=-1)
             return ops.matmul(scores, v).transpose(0, 2, 1, 3).reshape(BATCH, SEQ, heads * size)
 
     class ParallelAttention(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.q, self.k, self.v = (ColumnParallelLinear(key) for key in ("q", "k", "v"))
+            self.q, self.k, self.v = (ColumnParallelLinear(shard, key) for key in ("q", "k", "v"))
             self.core = CoreAttention()
-            self.proj = RowParallelLinear("proj", reduce=False)
-            self.proj_bias = parameter(weights["proj"][1], "proj_bias")
-            self.reduce_from_tp = ReduceFromTP()
+            self.proj = RowParallelLinear(shard, "proj", reduce=False)
+            self.proj_bias = Parameter(Tensor(shard.weights["proj"][1]), name="proj_bias")
+            self.reduce_from_tp = ReduceFromTP(shard)
 
         def construct(self, x):
             context = self.core(self.q(x), self.k(x), self.v(x))
@@ -136,9 +162,9 @@ def build(rank: int, tp: int):
     class ParallelMLP(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.up = ColumnParallelLinear("up")
+            self.up = ColumnParallelLinear(shard, "up")
             self.act = nn.GELU()
-            self.down = RowParallelLinear("down", reduce=True)
+            self.down = RowParallelLinear(shard, "down", reduce=True)
 
         def construct(self, x):
             return self.down(self.act(self.up(x)))
@@ -148,7 +174,7 @@ def build(rank: int, tp: int):
             super().__init__()
             self.attention = ParallelAttention()
             self.mlp = ParallelMLP()
-            weight, bias = weights["head"]
+            weight, bias = shard.weights["head"]
             self.head = nn.Dense(HIDDEN, 1, weight_init=Tensor(weight), bias_init=Tensor(bias))
 
         def construct(self, x):
