@@ -192,8 +192,11 @@ class GroupCheck:
                 row = rank_row[rank]
                 self._departures(rank, digests, majority, result, marks[row])
                 self._suspect(rank, sizes, len(self.ranks), result, heat[row])
-        for rank, anomaly in result.anomaly_ranks():
-            marks[rank_row[rank], self.index.layers.index(layer_of(anomaly.cell))] |= MARK_ANOMALY
+        layer_column = {layer: column for column, layer in enumerate(self.index.layers)}
+        for rank, anomaly in result.anomaly:
+            column = layer_column.get(layer_of(anomaly.cell))
+            if column is not None:
+                marks[rank_row[rank], column] |= MARK_ANOMALY
         result.heat, result.marks = heat, marks
         result.suspects.sort(key=lambda s: (s["order"], -abs(s["deviation"])))
         del result.suspects[self.options.max_listed:]
@@ -310,9 +313,6 @@ class GroupResult:
     notes: List[str] = field(default_factory=list)
     heat: Optional[np.ndarray] = None  # ranks x layers: largest |log10 deviation| from the other replicas
     marks: Optional[np.ndarray] = None  # ranks x layers: MARK_DEPARTURE | MARK_ANOMALY
-
-    def anomaly_ranks(self) -> List[Tuple[int, Any]]:
-        return list(self.anomaly)
 
     @property
     def clean(self) -> bool:
