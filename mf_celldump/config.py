@@ -18,6 +18,8 @@ from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Uni
 
 import yaml
 
+from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
+
 TASKS = ("tensor", "statistics")
 DATA_MODES = ("forward", "backward", "all")
 STATISTICS = ("max", "min", "mean", "norm", "md5", "nan_count", "inf_count")
@@ -28,6 +30,10 @@ DEFAULT_PROCESS_TIMEOUT = 1800.0
 MAX_PROCESS_TIMEOUT = 365 * 24 * 3600.0  # a year: longer waits are not timeouts (threads refuse them)
 BACKENDS = ("auto", "tensordump", "host", "device_stats", "kbk_statistics")
 DEFAULT_DUMP_DIR_NAME = "celldump"
+# Seconds rank 0 waits at train end for the other ranks' step summaries. Below MindSpore's
+# node timeout (MS_NODE_TIMEOUT, 30 s by default): a rank that vanished gets the others
+# stopped by MindSpore that long after, and the verdict should name it before then.
+DEFAULT_RANK_VERDICT_TIMEOUT = 20.0
 
 
 class ConfigError(ValueError):
@@ -205,6 +211,9 @@ class DumpConfig:
     process_on_train_end: bool = True
     process_timeout: float = DEFAULT_PROCESS_TIMEOUT
     jobs: Optional[int] = None
+    rank_verdict: bool = True
+    rank_verdict_timeout: float = DEFAULT_RANK_VERDICT_TIMEOUT
+    replica_groups: ReplicaGroups = field(default_factory=ReplicaGroups)
 
     # ------------------------------------------------------------------
     @property
@@ -240,7 +249,7 @@ class DumpConfig:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, IndexSelection):
+            if isinstance(value, (IndexSelection, ReplicaGroups)):
                 value = value.describe()
             elif isinstance(value, tuple):
                 value = list(value)
@@ -291,14 +300,20 @@ class DumpConfig:
             kwargs["statistics"] = _statistics(values["statistics"])
         if "backend" in values:
             kwargs["backend"] = _choice("backend", values["backend"], BACKENDS)
-        for key in ("parameters", "process_on_train_end"):
+        for key in ("parameters", "process_on_train_end", "rank_verdict"):
             if key in values:
                 flag = values[key]
                 if not isinstance(flag, bool):
                     raise ConfigError(_bad(key, flag, "true or false"))
                 kwargs[key] = flag
-        if "process_timeout" in values:
-            kwargs["process_timeout"] = _timeout(values["process_timeout"])
+        for key in ("process_timeout", "rank_verdict_timeout"):
+            if key in values:
+                kwargs[key] = _timeout(values[key], key)
+        if "replica_groups" in values:
+            try:
+                kwargs["replica_groups"] = ReplicaGroups.parse(values["replica_groups"], "replica_groups")
+            except ReplicaSpecError as err:
+                raise ConfigError(str(err)) from None
         if "jobs" in values and values["jobs"] is not None:
             kwargs["jobs"] = resolve_jobs(values["jobs"])
         if kwargs.get("backend") == "device_stats" and kwargs.get("task") == "tensor":
@@ -353,16 +368,16 @@ def _dump_path(path: Any) -> str:
     return path
 
 
-def _timeout(timeout: Any) -> float:
+def _timeout(timeout: Any, key: str = "process_timeout") -> float:
     valid = f"a number of seconds > 0 (at most {MAX_PROCESS_TIMEOUT:.0f}, a year)"
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ConfigError(_bad("process_timeout", timeout, valid))
+        raise ConfigError(_bad(key, timeout, valid))
     try:
         seconds = float(timeout)
     except OverflowError:  # an int beyond any float, e.g. 10**400
-        raise ConfigError(_bad("process_timeout", timeout, valid)) from None
+        raise ConfigError(_bad(key, timeout, valid)) from None
     if not 0 < seconds <= MAX_PROCESS_TIMEOUT:
-        raise ConfigError(_bad("process_timeout", timeout, valid))
+        raise ConfigError(_bad(key, timeout, valid))
     return seconds
 
 

@@ -130,3 +130,16 @@ def compute_statistics(array: np.ndarray, wanted: Iterable[str]) -> Dict[str, An
     """Statistics of a whole ``array`` for the configured names (see config.STATISTICS)."""
     array = np.asarray(array)
     return StatsAccumulator(array.dtype, wanted).add(array).result()
+
+
+# -- reading a record's statistics back ------------------------------------------------
+def record_number(value) -> Optional[float]:
+    """A statistic of a dump record as a float (None when absent, a bool or not a number)."""
+    if type(value) is float:  # the common case, first
+        return value
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

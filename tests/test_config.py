@@ -74,6 +74,9 @@ def test_keys_are_the_dataclass_fields():
         "process_on_train_end",
         "process_timeout",
         "jobs",
+        "rank_verdict",
+        "rank_verdict_timeout",
+        "replica_groups",
     )
 
 

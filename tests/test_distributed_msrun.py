@@ -41,6 +41,10 @@ def test_two_ranks_each_dump_their_own_folder(tmp_path):
     for rank in (0, 1):
         log = (out / "msrun_log" / f"worker_{rank}.log").read_text(errors="replace")
         assert f"mf_celldump: rank {rank}: captured steps 0,1; processed 0,1" in log
+    # the verdict across ranks, on by default: data-parallel replicas of a healthy run
+    log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")
+    for step in (0, 1):
+        assert f"mf_celldump: ranks: step {step}: clean (2 replicas)" in log
 
     compare_out = tmp_path / "compare"
     proc = subprocess.run(["msprobe", "compare", "-tp", str(dump / "step1"), "-gp", str(dump / "step0"),

@@ -17,7 +17,7 @@ from mf_celldump.cli.conventions import ExitCode
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mf_celldump.cli import anomalies, compare, mapping, process, register_path
+    from mf_celldump.cli import anomalies, compare, mapping, process, ranks, register_path
     from mf_celldump.version import __version__
 
     parser = argparse.ArgumentParser(
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (process, mapping, register_path, compare, anomalies):
+    for module in (process, mapping, register_path, compare, anomalies, ranks):
         module.add_cli(sub)
     return parser
 

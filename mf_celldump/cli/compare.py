@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, emit, parse_selection
-from mf_celldump.compare import thresholds
+from mf_celldump.compare import shards, thresholds
 from mf_celldump.compare.coverage import MIN_COVERAGE
 from mf_celldump.compare.engine import DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareInputError, CompareRequest, run
 from mf_celldump.compare.summary import advice, format_summary, plain, to_json
@@ -76,6 +76,15 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         help="share of the comparable activations, in each direction, that must be compared for a verdict "
         f"(default: {MIN_COVERAGE}); below it the exit status is 2",
     )
+    for side in ("target", "baseline"):
+        parser.add_argument(
+            f"--{side}-tp",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"the {side} is tensor-parallel over N ranks: merge each group of N consecutive rank folders "
+            "before comparing (shard rules: docs/compare.md); --ranks then selects the merged groups",
+        )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run_compare)
     return parser
@@ -83,19 +92,33 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_compare(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
+    sizes = shards.ShardSizes(args.target_tp, args.baseline_tp)
+    report = None
     try:
         request = _request(args)
-        result = run(request)
+        if sizes.target < 1 or sizes.baseline < 1:
+            raise ValueError(f"--target-tp {sizes.target} / --baseline-tp {sizes.baseline}: give positive numbers")
+        if sizes.merging:
+            result, report = shards.run(request, sizes)
+        else:
+            result = run(request)
     except (CompareInputError, DumpError, MappingError, ConfigError, ValueError) as err:
         if args.json:
             emit(json.dumps({"error": str(err), "exit_code": int(ExitCode.BAD_INPUT)}), out)
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     code = {DIVERGED: ExitCode.FOUND, WITHIN: ExitCode.OK}.get(result.verdict, ExitCode.BAD_INPUT)
+    if code == ExitCode.OK and report is not None and report.disagreements:
+        code = ExitCode.FOUND
     if args.json:
-        emit(json.dumps(to_json(result, int(code)), indent=1, default=plain, allow_nan=False), out)
+        data = to_json(result, int(code))
+        if report is not None:
+            data["shards"] = report.to_json()
+        emit(json.dumps(data, indent=1, default=plain, allow_nan=False), out)
     else:
         emit(format_summary(result), out)
+        if report is not None:
+            emit(report.text(), out)
     if code == ExitCode.BAD_INPUT:
         print(f"error: {result.verdict}: " + "; ".join(advice(result)), file=sys.stderr)
     return code

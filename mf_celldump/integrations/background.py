@@ -34,7 +34,13 @@ from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor, finish_command, run_inline
+from mf_celldump.integrations.step_processor import (
+    ProcessingResult,
+    StepProcessor,
+    SummaryListener,
+    finish_command,
+    run_inline,
+)
 from mf_celldump.processing import worker as protocol
 from mf_celldump.processing.observer import LOG_INTERVAL_S
 
@@ -88,8 +94,9 @@ def exit_status(returncode: Optional[int]) -> str:
 class WorkerProcess:
     """The worker's process and pipes: requests out (never blocking), replies in (on a thread)."""
 
-    def __init__(self, popen: subprocess.Popen):
+    def __init__(self, popen: subprocess.Popen, on_summary: Optional[SummaryListener] = None):
         self.proc = popen
+        self.on_summary = on_summary
         self.pid = popen.pid
         self.events: queue.Queue = queue.Queue()
         self.progress: Optional[dict] = None  # the latest progress reply; older ones do not matter
@@ -100,11 +107,11 @@ class WorkerProcess:
         self._reader.start()
 
     @classmethod
-    def start(cls, cwd: Optional[str]) -> WorkerProcess:
+    def start(cls, cwd: Optional[str], on_summary: Optional[SummaryListener] = None) -> WorkerProcess:
         level = logging.getLogger("mf_celldump").getEffectiveLevel()
         popen = subprocess.Popen(worker_command(str(level)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=None, cwd=cwd, env=worker_env(), close_fds=True)
-        return cls(popen)
+        return cls(popen, on_summary)
 
     def _read(self) -> None:
         try:
@@ -119,11 +126,23 @@ class WorkerProcess:
                 if event.get("event") == "progress":
                     self.progress = event
                 else:
+                    self._hand_over_summaries(event)
                     self.events.put(event)
         except (OSError, ValueError) as err:  # the pipe was closed under us
             logger.debug("worker %d: reply pipe closed: %s", self.pid, err)
         finally:
             self.events.put(_EOF)
+
+    def _hand_over_summaries(self, event: dict) -> None:
+        """A result's step summaries go to ``on_summary`` now, while training goes on (this thread)."""
+        summaries = event.pop("summaries", None)
+        if not summaries or self.on_summary is None:
+            return
+        for summary in summaries:
+            try:
+                self.on_summary(summary)
+            except Exception as err:  # noqa: BLE001  -- the reply thread must go on
+                logger.warning("mf_celldump: a step summary could not be handed over: %s", err)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -226,8 +245,8 @@ class BackgroundProcessor(StepProcessor):
     ``finish`` stops that thread first and then owns everything.
     """
 
-    def __init__(self, dump_path: str, rank: int, jobs: Optional[int]):
-        super().__init__(dump_path, rank, jobs)
+    def __init__(self, dump_path: str, rank: int, jobs: Optional[int], on_summary: Optional[SummaryListener] = None):
+        super().__init__(dump_path, rank, jobs, on_summary)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sender: Optional[threading.Thread] = None
         self._worker: Optional[WorkerProcess] = None
@@ -275,7 +294,7 @@ class BackgroundProcessor(StepProcessor):
             self._unsent.extend(steps)
             return
         request = protocol.Request(self._next_id, self.dump_path, self.rank, steps, self.jobs or DEFAULT_WORKER_JOBS,
-                                   wait_s)
+                                   wait_s, summarize=self.on_summary is not None)
         if self._worker.alive() and self._worker.send(request.to_line()):
             self._pending[request.id] = steps
             self._next_id += 1
@@ -289,7 +308,8 @@ class BackgroundProcessor(StepProcessor):
     def _start(self) -> None:
         started = time.perf_counter()
         try:
-            self._worker = WorkerProcess.start(cwd=self.dump_path if os.path.isdir(self.dump_path) else None)
+            self._worker = WorkerProcess.start(cwd=self.dump_path if os.path.isdir(self.dump_path) else None,
+                                               on_summary=self.on_summary)
         except OSError as err:  # no interpreter to run, no process allowed, ...
             self._start_error = f"{type(err).__name__}: {err}"
             logger.warning("mf_celldump: the processing worker could not be started (%s); captured steps will be "
@@ -413,7 +433,7 @@ class BackgroundProcessor(StepProcessor):
         logger.warning("mf_celldump: %s; processing step(s) %s in the training process now", why, list(steps))
         self._result.notes.append(f"{why}: step(s) {list(steps)} were processed in the training process at the end "
                                   "of training")
-        run_inline(self.dump_path, self.rank, self.jobs, steps, self._result)
+        run_inline(self.dump_path, self.rank, self.jobs, steps, self._result, on_summary=self.on_summary)
 
     def _describe(self, worker: Optional[WorkerProcess], outcome: str) -> None:
         info = self._result.info

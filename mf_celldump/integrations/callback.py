@@ -74,7 +74,7 @@ class CellDumpCallback(Callback):
     def _fresh_run(self) -> TrainingRun:
         """The run to use for a new training: a second ``train()`` with this callback starts anew."""
         if self._run.finished:
-            self._run = TrainingRun(self.config)
+            self._run = TrainingRun(self.config, run_tag=self._run.run_tag + 1)
         return self._run
 
     # -- compile hook (Model.build / Model.infer_train_layout before Model.train) ----------

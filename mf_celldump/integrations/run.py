@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
 from mf_celldump.integrations.background import BackgroundProcessor
+from mf_celldump.integrations.rank_verdict import RankVerdict
 from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
 from mf_celldump.processing.outcome import counted, entries_text
 
@@ -85,10 +86,16 @@ class RunSummary:
 
 
 class TrainingRun:
-    """Attach-once / step / finish logic shared by every trainer adapter."""
+    """Attach-once / step / finish logic shared by every trainer adapter.
 
-    def __init__(self, config: DumpConfig, wait_timeout: Optional[float] = None):
+    ``run_tag`` numbers the training runs of one process (a second ``train()`` with the same
+    callback): every rank numbers them alike, so their verdicts across ranks stay apart.
+    """
+
+    def __init__(self, config: DumpConfig, wait_timeout: Optional[float] = None, run_tag: int = 0):
         self.config = config
+        self.run_tag = run_tag
+        self.verdict: Optional[RankVerdict] = None  # the verdict across ranks (distributed runs)
         self.dump = None  # CellDump once attached
         self.finished = False
         self.summary = RunSummary()
@@ -113,6 +120,7 @@ class TrainingRun:
         self.summary.dump_path = self.dump.dump_path
         logger.info("mf_celldump: capture attached%s (first step %d)", f" at {origin}" if origin else "",
                     initial_step)
+        self.verdict = RankVerdict.start(self.config, self.dump.rank, self.run_tag)  # every rank, together
         if self.config.process_on_train_end and self.dump.rank in self.config.ranks:
             self._step_processor().prepare()  # before training: submit stays a queue put
         return self.dump
@@ -143,7 +151,8 @@ class TrainingRun:
 
     def _step_processor(self) -> StepProcessor:
         if self.processor is None:
-            self.processor = BackgroundProcessor(self.dump.dump_path, self.dump.rank, self.config.jobs)
+            on_summary = self.verdict.on_summary if self.verdict is not None else None
+            self.processor = BackgroundProcessor(self.dump.dump_path, self.dump.rank, self.config.jobs, on_summary)
         return self.processor
 
     # -- end of training -----------------------------------------------------------------
@@ -179,6 +188,9 @@ class TrainingRun:
             from mf_celldump.integrations.captured import discard_unselected
 
             self.summary.notes.extend(discard_unselected(self.dump, timeout=self._wait_s(failed)))
+        if self.verdict is not None:
+            verdict, self.verdict = self.verdict, None
+            verdict.finish(self.summary.processed_steps, failed)
         if not self.config.process_on_train_end and self.dump.writes_later:
             self._wait_unprocessed(failed)
         if self.dump.rank not in self.config.ranks:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +33,22 @@ def finish_command(dump_path: str, steps: Sequence[int], rank: int) -> str:
     return f"`mf-celldump process {dump_path} --steps {listed} --ranks {rank}`"
 
 
-class StepProcessor(ABC):
-    """Processes this rank's complete raw steps into msprobe's layout."""
+SummaryListener = Callable[[Dict[str, Any]], None]
 
-    def __init__(self, dump_path: str, rank: int, jobs: Optional[int]):
+
+class StepProcessor(ABC):
+    """Processes this rank's complete raw steps into msprobe's layout.
+
+    With ``on_summary``, each processed step is also reduced to its rank summary
+    (``ranks.summary``, as JSON data) and handed to ``on_summary`` as soon as it is made,
+    from whichever thread learns of it (never the training step).
+    """
+
+    def __init__(self, dump_path: str, rank: int, jobs: Optional[int], on_summary: Optional[SummaryListener] = None):
         self.dump_path = dump_path
         self.rank = rank
         self.jobs = jobs
+        self.on_summary = on_summary
 
     @abstractmethod
     def prepare(self) -> None:
@@ -57,17 +66,21 @@ class StepProcessor(ABC):
 
 
 def run_inline(dump_path: str, rank: int, jobs: Optional[int], steps: Sequence[int],
-               result: ProcessingResult, wait_s: float = 0.0) -> None:
+               result: ProcessingResult, wait_s: float = 0.0, on_summary: Optional[SummaryListener] = None) -> None:
     """Process ``steps`` in this process (after waiting up to ``wait_s`` for late files); a failure
     becomes a problem of ``result``."""
     from mf_celldump.processing.async_steps import wait_for_steps
     from mf_celldump.processing.driver import process_dump
+    from mf_celldump.processing.worker import step_summaries
 
     try:
         if wait_s > 0:
             result.problems.extend(wait_for_steps(dump_path, rank, steps, timeout=wait_s).problems(rank))
-        result.reports.append(process_dump(dump_path, steps=list(steps), ranks=[rank], jobs=jobs,
-                                           only_complete=True))
+        report = process_dump(dump_path, steps=list(steps), ranks=[rank], jobs=jobs, only_complete=True)
+        result.reports.append(report)
+        if on_summary is not None:
+            for summary in step_summaries(dump_path, report):
+                on_summary(summary.to_json())
     except Exception as err:  # processing problems must not stop training
         logger.exception("mf_celldump: processing steps %s failed: %s", list(steps), err)
         result.problems.append(f"processing of steps {list(steps)} failed: {err}; their raw data is kept: "
@@ -83,15 +96,15 @@ class InlineProcessor(StepProcessor):
     returns.
     """
 
-    def __init__(self, dump_path: str, rank: int, jobs: Optional[int]):
-        super().__init__(dump_path, rank, jobs)
+    def __init__(self, dump_path: str, rank: int, jobs: Optional[int], on_summary: Optional[SummaryListener] = None):
+        super().__init__(dump_path, rank, jobs, on_summary)
         self._result = ProcessingResult(info={"where": "training process", "text": "in the training process"})
 
     def prepare(self) -> None:
         """Nothing to set up."""
 
     def submit(self, steps: Sequence[int], wait_s: float = 0.0) -> None:
-        run_inline(self.dump_path, self.rank, self.jobs, steps, self._result, wait_s)
+        run_inline(self.dump_path, self.rank, self.jobs, steps, self._result, wait_s, self.on_summary)
 
     def finish(self, timeout: float) -> ProcessingResult:
         return self._result

@@ -86,6 +86,15 @@ def parameters_grad_data_name(entry: str, weight: str) -> str:
     return f"{entry}.{weight}.npy"
 
 
+def parse_parameters_grad_name(name: str) -> Optional[EntryName]:
+    """``Cell.{cell}.{Class}.parameters_grad.{n}`` as an :class:`EntryName` of direction ``parameters_grad``;
+    None for any other name."""
+    parts = name.split(".")
+    if len(parts) < 5 or parts[0] not in CELL_PREFIXES or parts[-2] != PARAMETERS_GRAD or not parts[-1].isdigit():
+        return None
+    return EntryName(".".join(parts[1:-3]), parts[-3], PARAMETERS_GRAD, int(parts[-1]))
+
+
 # A parsed entry: MindSpore cells are ``Cell.*``, msprobe's PyTorch modules ``Module.*``.
 CELL_PREFIXES = ("Cell", "Module")
 

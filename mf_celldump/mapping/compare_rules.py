@@ -17,6 +17,11 @@ these items are invisible to it; ``mf-celldump compare`` reads them to line tens
 * ``act=silu``: this cell's forward output is the baseline's after the activation.
 * ``in=[a, b, ...]``: which baseline input each of our positional inputs is compared
   with: an index, a keyword name (``hidden_states``) or ``_`` (not compared).
+* ``shard=column|row|vocab|split|none``: how a tensor-parallel cell's tensors are split over
+  the ranks of its group, for ``mf-celldump compare --target-tp/--baseline-tp`` (which puts
+  the shards back together before comparing, ``compare/shards.py``). On a class's ``""``
+  entry it holds for every cell of the class; on the entry of one cell, for that cell.
+  Without either, ``DEFAULT_SHARDS`` names the usual tensor-parallel classes.
 """
 
 from __future__ import annotations
@@ -30,13 +35,23 @@ RuleValue = Union[str, Tuple[str, ...]]
 LAYOUTS = ("bsh", "sbh")
 QKV_PARTS = ("q", "k", "v")
 ACTIVATIONS = ("silu", "gelu", "relu")
+# column: output features split (weight rows); row: input features split (weight columns), the
+# output a partial sum until reduced; vocab: embedding rows split, the output reduced; split:
+# every activation split on its last axis, no weight split (attention over the local heads, an
+# activation function between a column- and a row-parallel layer); none: replicated.
+SHARDS = ("column", "row", "vocab", "split", "none")
+DEFAULT_SHARDS = {  # class name -> shard rule (MindFormers' mcore and Megatron-core spell them alike)
+    "ColumnParallelLinear": "column",
+    "RowParallelLinear": "row",
+    "VocabParallelEmbedding": "vocab",
+}
 _CHUNK_RE = re.compile(r"chunk:(\d+)/(\d+)$")
 _QKV_RE = re.compile(r"qkv:([qkv])$")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$|\d+$")
 
 RULE_SYNTAX = (
     "layout=sbh|bsh, split=qkv:q|k|v or split=chunk:I/N, act=silu|gelu|relu, "
-    "in=[index, keyword name or _, ...]"
+    "in=[index, keyword name or _, ...], shard=column|row|vocab|split|none"
 )
 
 
@@ -57,6 +72,7 @@ class CompareRules:
     split: Optional[Split] = None
     act: Optional[str] = None
     inputs: Tuple[str, ...] = ()
+    shard: Optional[str] = None
 
     @property
     def seq_first(self) -> bool:
@@ -86,6 +102,8 @@ def check_rule(key: str, value: RuleValue) -> None:
             raise RuleError(f"split={text!r}: expected qkv:q, qkv:k, qkv:v or chunk:I/N with I < N")
     elif key == "act":
         _scalar(key, value, ACTIVATIONS)
+    elif key == "shard":
+        _scalar(key, value, SHARDS)
     elif key == "in":
         items = value if isinstance(value, tuple) else (value,)
         bad = [item for item in items if item != "_" and not _NAME_RE.match(item)]
@@ -112,6 +130,7 @@ def parse_rules(items: Tuple[Tuple[str, RuleValue], ...]) -> CompareRules:
         split=_split(str(found["split"])) if "split" in found else None,
         act=str(found["act"]) if "act" in found else None,
         inputs=inputs if isinstance(inputs, tuple) else (inputs,),
+        shard=str(found["shard"]) if "shard" in found else None,
     )
 
 

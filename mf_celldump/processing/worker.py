@@ -7,12 +7,14 @@ processing needs numpy and yaml only, and each reply says whether MindSpore is l
 
 Protocol (one JSON object per line, UTF-8):
 
-stdin   ``{"cmd": "process", "id": 3, "dump_path": P, "rank": 0, "steps": [5], "jobs": 1}``
+stdin   ``{"cmd": "process", "id": 3, "dump_path": P, "rank": 0, "steps": [5], "jobs": 1, "summarize": true}``
         ``{"cmd": "stop"}``: finish every request sent before it, then exit.
 stdout  ``{"event": "ready", "pid", "startup_s", "policy", "nice", "mindspore_imported"}`` once;
         ``{"event": "progress", "id", "files_done", "files_total"}`` at most every 0.5 s, once
         ``stop`` arrived (the trainer is waiting and shows it);
-        ``{"event": "result", "id", "steps", "seconds", "cpu_s", "report": {...}, "mindspore_imported"}``;
+        ``{"event": "result", "id", "steps", "seconds", "cpu_s", "report": {...}, "mindspore_imported",
+        "summaries": [...]}`` (with ``summarize``: each processed step reduced to its rank summary,
+        ``mf_celldump.ranks.summary``, kilobytes, for the cross-rank verdict at train end);
         ``{"event": "error", "id", "steps", "error"}`` when ``process_dump`` raised;
         ``{"event": "bad_request", "line", "error"}`` for a line that is not a valid request;
         ``{"event": "exit", "reason", "requests"}`` last.
@@ -44,6 +46,7 @@ from mf_celldump.processing.driver import process_dump  # noqa: E402  (numpy + y
 from mf_celldump.processing.observer import ProgressObserver  # noqa: E402
 from mf_celldump.processing.report import ProcessingReport  # noqa: E402
 from mf_celldump.processing.step_transaction import StepOutcome  # noqa: E402
+from mf_celldump.ranks.summary import summarize_outputs  # noqa: E402  (reads dump.json; no MindSpore)
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +78,11 @@ class Request:
     steps: List[int]
     jobs: int
     wait_s: float = 0.0  # > 0: MindSpore writes these steps' files late; wait up to this long first
+    summarize: bool = False  # reply with each processed step's rank summary
 
     def to_line(self) -> bytes:
         body = {"cmd": "process", "id": self.id, "dump_path": self.dump_path, "rank": self.rank,
-                "steps": list(self.steps), "jobs": self.jobs, "wait_s": self.wait_s}
+                "steps": list(self.steps), "jobs": self.jobs, "wait_s": self.wait_s, "summarize": self.summarize}
         return (json.dumps(body) + "\n").encode("utf-8")
 
 
@@ -115,8 +119,11 @@ def parse_request(line: bytes) -> Optional[Request]:
     wait_s = message.get("wait_s", 0.0)
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s < 1e7:
         raise BadRequest(f"key 'wait_s': {wait_s!r} is not a number of seconds >= 0")
+    summarize = message.get("summarize", False)
+    if not isinstance(summarize, bool):
+        raise BadRequest(f"key 'summarize': {summarize!r} is not true or false")
     return Request(_non_negative_int(message, "id"), dump_path, _non_negative_int(message, "rank"), steps,
-                   _non_negative_int(message, "jobs", minimum=1), float(wait_s))
+                   _non_negative_int(message, "jobs", minimum=1), float(wait_s), summarize)
 
 
 def report_to_json(report: ProcessingReport) -> Dict[str, Any]:
@@ -143,8 +150,11 @@ class Channel:
     def send(self, **message: Any) -> None:
         text = json.dumps(message) + "\n"
         with self._lock:
-            self._out.write(text)
-            self._out.flush()
+            try:
+                self._out.write(text)
+                self._out.flush()
+            except OSError:  # the trainer is gone (killed): nobody reads the replies any more
+                self._out = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (lives as long as the worker)
 
 
 class _ProgressEvents(ProgressObserver):
@@ -255,10 +265,17 @@ def handle(request: Request, channel: Channel, inbox: Inbox) -> None:
         logger.exception("processing steps %s of rank %d failed", request.steps, request.rank)
         channel.send(event="error", id=request.id, steps=request.steps, error=f"{type(err).__name__}: {err}")
         return
+    summaries = [s.to_json() for s in step_summaries(request.dump_path, report)] if request.summarize else []
     channel.send(event="result", id=request.id, steps=request.steps,
                  seconds=round(time.monotonic() - started, 4), cpu_s=round(time.process_time() - cpu_started, 4),
-                 report=report_to_json(report),
+                 report=report_to_json(report), summaries=summaries,
                  mindspore_imported="mindspore" in sys.modules)
+
+
+def step_summaries(dump_path: str, report: ProcessingReport):
+    """The rank summary of every step whose output is in place (off the training step path)."""
+    outputs = ((o.step, o.rank, o.output) for o in report.outcomes if o.status in ("processed", "already-processed"))
+    return summarize_outputs(dump_path, outputs)
 
 
 def serve(inbox: Inbox, channel: Channel) -> str:

@@ -1,0 +1,145 @@
+"""Shard-aware compare on real tensor-parallel dumps: 2 ranks under msrun against the same net on 1 rank.
+
+``tests/support/tp_train.py``: attention (q, k, v column-parallel, the core on the local heads,
+the output projection row-parallel with its partial sums reduced by the parent) and an MLP
+(column-parallel up, GELU, row-parallel down reducing inside), graph mode, task tensor,
+steps 0-2. On rank 1 only, the first row of a weight is scaled by 1.05 during one step:
+``mlp.up`` (column-parallel) in step 1, ``attention.proj`` (row-parallel) in step 2. One
+msrun job and one single-rank run, shared by every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mf_celldump.compare.shard_merge import Group, GroupMerger, MergeNotes
+from mf_celldump.compare.shards import RuleBook
+from mf_celldump.layout.reader import DumpJson, find_rank_dumps
+from mf_celldump.mapping import resolve_mapping
+from mf_celldump.mapping.baseline_names import MsprobeView
+from tests.support.msrun import MSRUN, msrun_env, run_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MSRUN is None, reason="msrun is not installed next to this Python")]
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "tp_train.py")
+RULES = """\
+# the core works on each rank's heads, GELU on each rank's features: every activation split
+CoreAttention:
+  "": CoreAttention(shard=split)
+ParallelMLP:
+  act: act(shard=split)
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp")
+    single = subprocess.Popen([sys.executable, SCRIPT, "--dump-path", str(root / "single"), "--dump", "task=tensor"],
+                              cwd=root, env=msrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = run_job(SCRIPT, ["--tp", "2", "--dump-path", str(root / "tp2"), "--dump", "task=tensor",
+                           "--dump", "replica_groups=model_parallel=2",
+                           "--fault", "rank=1:step=1:cell=mlp.up", "--fault", "rank=1:step=2:cell=attention.proj"],
+                  2, str(root / "logs"), str(root))
+    output = single.communicate(timeout=900)[0]
+    assert single.returncode == 0, output[-3000:]
+    assert job.returncodes["msrun"] == 0, job.output[-3000:] + job.tails()
+    (root / "tp_rules.yaml").write_text(RULES)
+    return root
+
+
+def compare(root, out, *args):
+    proc = subprocess.run([sys.executable, "-m", "mf_celldump.cli", "compare", *map(str, args), "-o", str(out),
+                           "--json"], capture_output=True, text=True, timeout=600)
+    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
+
+
+def test_identical_step_every_merged_pair_is_within_thresholds(runs, tmp_path):
+    code, result, err = compare(runs, tmp_path, runs / "tp2", runs / "single", "--target-tp", "2", "--steps", "0",
+                                "--mapping", runs / "tp_rules.yaml")
+    assert code == 0, err
+    table = pd.read_csv(result["csv"])
+    assert len(table) == 44 and set(table.status) == {"ok"}, table[table.status != "ok"].to_string()
+    rules = result["shards"]["target"]["rules"]
+    assert rules["mlp.up"] == "column" and rules["attention.proj"] == "row" and rules["mlp.down"] == "row"
+    assert rules["attention.core"] == "split" and rules["mlp.act"] == "split"  # from the mapping file
+    assert result["shards"]["target"]["disagreements"] == []
+
+
+def test_column_parallel_weight_perturbed_on_rank1_names_the_cell_and_rank1(runs, tmp_path):
+    code, result, err = compare(runs, tmp_path, runs / "tp2", runs / "single", "--target-tp", "2", "--steps", "1",
+                                "--mapping", runs / "tp_rules.yaml")
+    assert code == 1, err
+    assert result["first_divergence"]["cell"] == "mlp.up"
+    found = result["shards"]["attribution"]
+    assert found["cell"] == "mlp.up" and found["ranks"] == [1]
+    evidence = {e["slot"]: e for e in found["evidence"]}
+    assert evidence["output.0"]["diverged"] == [1] and evidence["output.0"]["within"] == [0]
+    assert evidence["param.weight"]["diverged"] == [1]
+
+
+def test_row_parallel_weight_perturbed_on_rank1_is_found_through_its_weight(runs, tmp_path):
+    code, result, err = compare(runs, tmp_path, runs / "tp2", runs / "single", "--target-tp", "2", "--steps", "2",
+                                "--mapping", runs / "tp_rules.yaml")
+    assert code == 1, err
+    found = result["shards"]["attribution"]
+    assert (found["cell"], found["rule"], found["ranks"]) == ("attention.proj", "row", [1])
+    # its output is the sum of both ranks' parts: only the weight tells the ranks apart
+    assert [e["slot"] for e in found["evidence"] if e["diverged"]] == ["param.weight"]
+
+
+def test_sharded_baseline_and_both_sides_sharded_compare_clean(runs, tmp_path):
+    code, result, err = compare(runs, tmp_path / "a", runs / "single", runs / "tp2", "--baseline-tp", "2",
+                                "--steps", "0", "--mapping", runs / "tp_rules.yaml")
+    assert code == 0, err
+    assert set(pd.read_csv(result["csv"]).status) == {"ok"}
+    code, result, err = compare(runs, tmp_path / "b", runs / "tp2", runs / "tp2", "--target-tp", "2",
+                                "--baseline-tp", "2", "--mapping", runs / "tp_rules.yaml")
+    assert code == 0, err
+    assert len(result["units"]) == 3
+
+
+def test_a_cell_without_its_rule_is_a_clear_error(runs, tmp_path):
+    code, _, err = compare(runs, tmp_path, runs / "tp2", runs / "single", "--target-tp", "2", "--steps", "0")
+    assert code == 2
+    assert "error: target cell attention.core (shard=none, its ranks' tensors differ)" in err
+    assert "shard=column|row|vocab|split|none" in err
+
+
+def test_a_rule_that_does_not_fit_the_cell_is_a_clear_error(runs, tmp_path):
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(RULES + "  up: up(shard=row)\n")  # mlp.up is column-parallel
+    code, _, err = compare(runs, tmp_path, runs / "tp2", runs / "single", "--target-tp", "2", "--steps", "0",
+                           "--mapping", wrong)
+    assert code == 2 and "target cell mlp.up (shard=row)" in err and "against" in err, err
+
+
+def test_weights_and_weight_gradients_merge_into_the_single_rank_ones(runs, tmp_path):
+    shards = [d for d in find_rank_dumps(str(runs / "tp2")) if d.step == 0]
+    view = MsprobeView(resolve_mapping((str(runs / "tp_rules.yaml"),), set()))
+    classes = {}
+    for name, _ in DumpJson(shards[0].dump_json).entries():
+        parts = name.split(".")
+        classes[".".join(parts[1:-3])] = parts[-3]
+    merged = GroupMerger(Group(0, 0, shards, str(tmp_path / "rank0")), RuleBook(view, classes).rule_of,
+                         MergeNotes()).run()
+    single = find_rank_dumps(str(runs / "single" / "step0"))[0]
+    ours = dict(DumpJson(merged.dump_json).entries())
+    theirs = dict(DumpJson(single.dump_json).entries())
+    checked = 0
+    for name, body in theirs.items():
+        records = [(r, ours[name].get("parameters", {}).get(k)) for k, r in body.get("parameters", {}).items()]
+        if name.endswith(".parameters_grad.0"):
+            records = [(r[0], ours[name][k][0]) for k, r in body.items()]
+        for their, our in records:
+            a = np.load(os.path.join(merged.data_dir, our["data_name"]))
+            b = np.load(os.path.join(single.data_dir, their["data_name"]))
+            assert a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-6), name
+            checked += 1
+    assert checked == 28  # the 14 weights of the model and their 14 gradients

@@ -1,0 +1,256 @@
+"""The replica check without a job: rank summaries, the check of one step's replicas, ``mf-celldump ranks``.
+
+Dumps are synthetic statistics dumps in msprobe's layout (``bench/ranks_synthetic.py``):
+every replica holds the same weights, activations differ by a few percent, faults go on
+chosen ranks. The real jobs (msrun, 2 and 4 ranks) are in ``test_ranks_msrun.py``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import time
+import tracemalloc
+
+import pytest
+
+from mf_celldump.cli import main as cli_main
+from mf_celldump.config import ConfigError, DumpConfig
+from mf_celldump.ranks.check import CheckRequest, ReplicaChecks, run
+from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
+from mf_celldump.ranks.replicas import CheckOptions
+from mf_celldump.ranks.summary import from_bytes, summarize
+from tests.support.synthetic_ranks import Fault, write_dump
+
+WQ = "model.layers.2.attention.wq"
+W2 = "model.layers.3.feed_forward.w2"
+WK = "model.layers.4.attention.wk"
+
+
+def check(root, **options):
+    replicas = ReplicaGroups.parse(options.pop("replicas", "all"))
+    return run(CheckRequest((str(root),), replicas=replicas, options=CheckOptions(**options), progress=False))
+
+
+def steps_of(result):
+    return {r.step: r for r in result.results}
+
+
+@pytest.fixture(scope="module")
+def eight_ranks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eight")
+    write_dump(str(root), 8, [0, 1, 2], entries=200, faults=[
+        Fault("weight", 3, 1, WQ), Fault("scale", 5, 2, W2), Fault("nan", 6, 2, WK)])
+    return root
+
+
+def test_a_step_summary_is_kilobytes_and_survives_the_round_trip(eight_ranks):
+    summary = summarize(str(eight_ranks / "step0" / "rank0" / "dump.json"), 0, 0)
+    payload = summary.to_bytes()
+    assert summary.entries == 174 and len(payload) < 16 * 1024  # 5 layers of 33 entries, and 9
+    back = from_bytes(payload)
+    assert back.items == summary.items and back.step == 0 and back.rank == 0
+    kinds = {item.kind for item in summary.items}
+    assert kinds == {"weight", "grad", "act"}
+
+
+def test_clean_step_and_each_fault_named_on_its_rank(eight_ranks):
+    steps = steps_of(check(eight_ranks))
+    assert steps[0].clean and len(steps[0].ranks) == 8
+    departure = steps[1].first_departure
+    assert (departure["cell"], departure["label"], departure["ranks"]) == (WQ, "param.weight", [3])
+    assert departure["majority"] == 7 and not departure["no_majority"]
+    assert [(r, a.cell, a.direction) for r, a in steps[2].anomaly] == [(6, WK, "forward")]
+    assert [(s["rank"], s["cell"]) for s in steps[2].suspects] == [(5, W2)]
+    assert steps[2].suspects[0]["deviation"] == pytest.approx(2.0, abs=0.2)  # x100
+
+
+def test_lines_name_fault_rank_and_cell(eight_ranks):
+    lines = check(eight_ranks).lines
+    assert lines[0] == "step 0: clean (8 replicas)"
+    assert lines[1] == (f"step 1: rank 3 departs first at {WQ} param.weight (weight not bit-identical; "
+                        "7 of 8 replicas agree)")
+    assert lines[2].startswith(f"step 2: rank 6: first NaN at {WK} (forward); suspect: rank 5 at {W2} forward.0 "
+                               "output.0 (Norm x")
+
+
+def test_heat_map_marks_the_faulty_ranks_layers(eight_ranks):
+    steps = steps_of(check(eight_ranks))
+    result = steps[2]
+    layer = result.layers.index("model.layers.3")
+    row = result.ranks.index(5)
+    assert result.heat[row, layer] == pytest.approx(2.0, abs=0.2)
+    assert result.heat[result.ranks.index(0), layer] < 0.5
+    assert result.marks[result.ranks.index(6), result.layers.index("model.layers.4")] & 2
+    assert steps[1].marks[steps[1].ranks.index(3), steps[1].layers.index("model.layers.2")] & 1
+
+
+def test_two_replicas_show_the_higher_rank_against_the_lower(tmp_path):
+    write_dump(str(tmp_path), 2, [0], entries=200, faults=[Fault("weight", 0, 0, WQ), Fault("scale", 0, 0, W2)])
+    result = steps_of(check(tmp_path))[0]
+    assert result.first_departure["no_majority"] and result.first_departure["ranks"] == [1]
+    assert [s["rank"] for s in result.suspects] == [1] and result.suspects[0]["deviation"] < 0
+    assert "no majority among 2 replicas, shown against rank 0" in check(tmp_path).lines[0]
+
+
+def test_local_gradients_are_not_held_to_equality(tmp_path):
+    write_dump(str(tmp_path), 4, [0], entries=200, local_grads=True)
+    result = steps_of(check(tmp_path))[0]
+    assert result.grads_reduced is False and result.clean
+    forced = steps_of(check(tmp_path, grads="reduced"))[0]
+    assert forced.grads_reduced is True and forced.varying or forced.first_departure
+
+
+def test_replica_groups_keep_model_parallel_shards_apart(tmp_path):
+    # Ranks 1 and 3 hold another shard (same "fault" on both): with model_parallel=2 they are replicas
+    # of each other and everything agrees; taken as one group, half the ranks differ and there is no majority.
+    write_dump(str(tmp_path), 4, [0], entries=200, faults=[Fault("weight", 1, 0, WQ), Fault("weight", 3, 0, WQ)])
+    split = check(tmp_path, replicas="model_parallel=2")
+    assert all(r.clean for r in split.results) and len(split.results) == 2
+    assert split.lines[1].startswith("step 0, model-parallel rank 1: clean (2 replicas)")
+    together = steps_of(check(tmp_path))[0].first_departure
+    assert together["no_majority"] and together["ranks"] == [1, 3] and together["reference"] == 0
+
+
+def test_a_rank_without_a_step_is_missing(tmp_path):
+    write_dump(str(tmp_path), 3, [0, 1], entries=200)
+    write_dump(str(tmp_path), 4, [0], entries=200, ranks_here=[3])
+    result = check(tmp_path)
+    assert result.missing == {(1, "0,0"): [3]}
+    assert result.lines[1] == "step 1: rank 3 missing (no data for this step)"
+
+
+def test_memory_of_the_check_does_not_grow_with_ranks(tmp_path):
+    write_dump(str(tmp_path), 1, [0], entries=300)
+    summary = summarize(str(tmp_path / "step0" / "rank0" / "dump.json"), 0, 0)
+    peaks = []
+    for ranks in (40, 160):
+        checks = ReplicaChecks(ReplicaGroups(), CheckOptions(), 0, str(tmp_path))
+        tracemalloc.start()
+        for rank in range(ranks):
+            summary.rank = rank
+            checks.add(summary)
+        results, _ = checks.finish()
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert results[0].clean and len(results[0].ranks) == ranks
+    assert peaks[1] < peaks[0] * 1.25, peaks  # 4x the ranks, the same memory (but the heat map's 4 bytes a layer)
+
+
+# -- the command --------------------------------------------------------------------------------
+def run_cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    from contextlib import redirect_stderr, redirect_stdout
+
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli_main(["ranks", *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_command_writes_table_and_heat_maps_and_exits_1_on_a_departure(eight_ranks, tmp_path):
+    code, out, _ = run_cli(str(eight_ranks), "-o", str(tmp_path / "out"), "--json")
+    assert code == 1
+    result = json.loads(out)
+    assert result["table"].endswith("ranks_findings.csv") and len(result["heatmaps"]) == 3
+    for path in result["heatmaps"] + [result["table"]]:
+        assert os.stat(path).st_mode & 0o777 == 0o640
+    rows = (tmp_path / "out" / "ranks_findings.csv").read_text().splitlines()
+    assert "0,all,clean,,,,,,8" in rows
+    assert f"1,all,departs,3,forward,{WQ},param.weight,weight not bit-identical to the majority,1" in rows
+
+
+def test_command_on_clean_replicas_exits_0(tmp_path):
+    write_dump(str(tmp_path / "dump"), 3, [0], entries=60)
+    code, out, _ = run_cli(str(tmp_path / "dump"), "-o", str(tmp_path / "out"))
+    assert code == 0 and "step 0: clean (3 replicas)" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--replicas", "tp=2"], "--replicas: 'tp=2' in 'tp=2' is not understood"),
+    (["--replicas", "0,1;1,2"], "rank 1 is in two groups"),
+    (["--replicas", "model_parallel=3,pipeline_stages=2"],
+     "8 ranks are not a multiple of model_parallel=3 x pipeline_stages=2"),
+    (["--summaries-only"], "--summaries-only needs --save-summaries FILE"),
+    (["--factor", "1"], "--factor 1: must be greater than 1"),
+])
+def test_command_bad_options_exit_2_with_the_option_named(eight_ranks, tmp_path, args, message):
+    code, _, err = run_cli(str(eight_ranks), "-o", str(tmp_path / "out"), *args)
+    assert code == 2 and message in err, err
+
+
+def test_command_bad_inputs_exit_2_naming_the_file(tmp_path):
+    code, _, err = run_cli(str(tmp_path / "nowhere"))
+    assert code == 2 and "no such file or folder" in err
+    bad = tmp_path / "node.jsonl.gz"
+    with gzip.open(bad, "wb") as handle:
+        handle.write(b'{"format": "something else"}\n')
+    code, _, err = run_cli(str(bad), "-o", str(tmp_path / "out"))
+    assert code == 2 and f"{bad}: line 1: not a rank summary" in err
+    bad.write_bytes(b"not gzip at all")
+    code, _, err = run_cli(str(bad), "-o", str(tmp_path / "out"))
+    assert code == 2 and f"{bad}: cannot read rank summaries" in err
+
+
+def test_summaries_saved_per_node_check_like_the_dump(eight_ranks, tmp_path):
+    files = [str(tmp_path / "a.jsonl.gz"), str(tmp_path / "b.jsonl.gz")]
+    for path, ranks in zip(files, ("0-3", "4-7")):
+        assert run_cli(str(eight_ranks), "--ranks", ranks, "--save-summaries", path, "--summaries-only")[0] == 0
+        assert os.stat(path).st_mode & 0o777 == 0o640
+    code, out, _ = run_cli(*files, "-o", str(tmp_path / "out"), "--json")
+    assert code == 1 and json.loads(out)["lines"] == check(eight_ranks).lines
+
+
+# -- configuration and replica groups -----------------------------------------------------------
+def test_configuration_keys_of_the_verdict():
+    config = DumpConfig.from_dict({"rank_verdict": False, "rank_verdict_timeout": 5,
+                                   "replica_groups": "model_parallel=2,pipeline_stages=2"})
+    assert config.rank_verdict is False and config.rank_verdict_timeout == 5.0
+    assert config.to_dict()["replica_groups"] == "model_parallel=2,pipeline_stages=2"
+    assert DumpConfig().rank_verdict is True and DumpConfig().replica_groups.describe() == "all"
+    for key, value, message in (("rank_verdict", "yes", "rank_verdict: invalid value 'yes'"),
+                                ("rank_verdict_timeout", 0, "rank_verdict_timeout: invalid value 0"),
+                                ("replica_groups", "0-3;2-5", "rank 2 is in two groups")):
+        with pytest.raises(ConfigError, match=message):
+            DumpConfig.from_dict({key: value})
+
+
+def test_replica_groups_follow_the_megatron_rank_order():
+    groups = ReplicaGroups.parse("model_parallel=2,pipeline_stages=2")
+    keys = [groups.group_of(rank, 8) for rank in range(8)]
+    assert keys == [(0, 0), (0, 1), (0, 0), (0, 1), (1, 0), (1, 1), (1, 0), (1, 1)]
+    assert groups.label((1, 0)) == "stage 1, model-parallel rank 0"
+    listed = ReplicaGroups.parse("0-1;4,5")
+    assert [listed.group_of(r, 8) for r in (0, 1, 2, 5)] == [(0,), (0,), None, (1,)]
+    with pytest.raises(ReplicaSpecError, match="reversed"):
+        ReplicaGroups.parse("3-1")
+
+
+# -- the store the verdict goes through ---------------------------------------------------------
+def test_store_presence_counter_answers_at_once_for_a_rank_that_never_posted():
+    """``add(key, 0)`` on rank 0's own TCPStore server returns at once; a ``get`` would wait its timeout."""
+    pytest.importorskip("mindspore")
+    from mf_celldump.integrations import rank_exchange
+    from mf_celldump.integrations.rank_verdict import Keys, Publisher, RankVerdict
+
+    store, ip, port = rank_exchange.serve(2, timeout_s=30)
+    keys = Keys(0)
+    publisher = Publisher((ip, port))
+    publisher.post(keys.summary(3, 1), b"payload")
+    assert publisher.close(30) and publisher.broken is None
+    started = time.monotonic()
+    assert RankVerdict._fetch(store, keys.summary(3, 2)) is None  # never posted
+    assert time.monotonic() - started < 5
+    assert RankVerdict._fetch(store, keys.summary(3, 1)) == b"payload"
+    del store
+    late = Publisher((ip, port), timeout_s=2)  # the store is gone: the post fails within the timeout, no raise
+    late.post("k", b"v")
+    assert late.close(30) and late.broken
+
+
+def test_verdict_is_off_in_a_single_process_run():
+    pytest.importorskip("mindspore")
+    from mf_celldump.integrations.rank_verdict import RankVerdict
+
+    assert RankVerdict.start(DumpConfig(), 0, 0) is None
