@@ -16,7 +16,9 @@ leak between them), run with the same model, seed and batches:
   msprobe_tensor    msprobe 26.2 PrecisionDebugger, level L0, task tensor, data_mode all
   msprobe_statistics  the same, task statistics
   graph_host_tensor       GRAPH_MODE on CPU, mf_celldump backend host, task tensor
-  graph_host_statistics   the same, task statistics
+  graph_host_statistics   the same, task statistics (float tensors reduced inside the graph)
+  graph_host_statistics_on_host   the same with every tensor handed to the host op and reduced
+                    there by numpy (``HostBackend.reduce_in_graph = False``): the path before
   mf_tensor_fwd, mf_statistics_fwd   as mf_tensor / mf_statistics with data_mode forward:
                     no gradient hooks, to show what the hooks cost
 
@@ -82,10 +84,11 @@ CONFIGS = [
     "msprobe_statistics",
     "graph_host_tensor",
     "graph_host_statistics",
+    "graph_host_statistics_on_host",
     "mf_tensor_fwd",
     "mf_statistics_fwd",
 ]
-GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics")
+GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics", "graph_host_statistics_on_host")
 
 MODEL = dict(batch_size=2, seq_length=64, hidden_size=128, num_layers=4, num_heads=4, vocab_size=1000)
 
@@ -303,22 +306,25 @@ def _install_timers(task: str, graph: bool) -> _Timers:
     from mf_celldump.capture import sink
     from mf_celldump.capture.backends import device_stats, gradient_hooks, host, tensordump
     from mf_celldump.capture.session import CellDump
-    from mf_celldump.rawformat import writer
+    from mf_celldump.rawformat import npy_files, writer
 
     if os.environ.get("BENCH_WRITER_INLINE") == "1":  # compare: every write in the capture op
         writer.RawWriter.background = False
     timers = _Timers()
     timers.wrap(CellDump, "end_step", "end_step (sync, flush, marker)")
     timers.wrap(writer.RawWriter, "write_tensor", "writer.write_tensor (hand-over)")
-    timers.wrap(writer, "_save_npy", "writer._save_npy (np.save + write + rename, writer thread)")
+    timers.wrap(npy_files.NpyFileWriter, "write", "NpyFileWriter.write (open + writev + rename, writer thread)")
     timers.wrap(writer.RawWriter, "append_record", "writer.append_record (hand-over)")
     timers.wrap(writer.RawWriter, "_append_line", "writer._append_line (writer thread)")
-    timers.wrap(writer.RawWriter, "finish_step", "writer.finish_step (records closed, marker)")
+    timers.wrap(writer.RawWriter, "_mark_complete", "writer._mark_complete (records closed, marker; writer thread)")
+    timers.wrap(writer.RawWriter, "write_tensordump_file", "writer.write_tensordump_file (hand-over)")
+    timers.wrap(writer.RawWriter, "flush", "writer.flush (wait for the writer thread)")
     timers.wrap(gradient_hooks.GradientHookCache, "apply", "gradient hook applied (forward side)")
     if hasattr(gradient_hooks.GradientHookCache, "apply_many"):  # one hook per call for its inputs
         timers.wrap(gradient_hooks.GradientHookCache, "apply_many", "inputs' gradient hook applied (one per call)")
     if graph or task == "host":
         timers.wrap(host.HostBackend, "_emit", "HostBackend._emit (inside the capture op)")
+        timers.wrap(host.HostBackend, "_emit_reduced", "HostBackend._emit_reduced (inside the statistics op)")
         timers.wrap(sink, "compute_statistics", "statistics.compute_statistics (writer thread)")
         timers.wrap(host.HostPyNative, "forward", "HostPyNative.forward")
     elif task == "tensor":
@@ -498,6 +504,10 @@ def graph_worker(args) -> dict:
     _net_cap, train = _build(args.seed, graph=True)
     batches = _batches(args.warmup + 2 * args.steps + 2, args.seed)
     timers = _install_timers(task, graph=True)
+    if name.endswith("_on_host"):
+        from mf_celldump.capture.backends.host import HostBackend
+
+        HostBackend.reduce_in_graph = False
     first = 1  # the captured network's step 0 is an uncaptured warm-up (compiles the graph)
     selected = [first + 2 * i for i in range(args.steps + 1)]
     capture = _MfCapture(train, dump_path, task, "host", steps=selected)

@@ -56,8 +56,10 @@ class StepEnd:
     """What ``end_step``/``abort_step`` finished: the step, whether raw data was written for it,
     and whether it completed (False: training failed in it, its raw data stays unmarked).
 
-    ``written_later``: MindSpore writes the step's raw files after the step (graph-mode
-    TensorDump); wait for them (``integrations.captured.wait_for_files``) before processing.
+    ``written_later``: the step's raw files are still being written when ``end_step`` returns
+    (by the raw writer's thread, or by MindSpore for graph-mode TensorDump); its folder is
+    complete once its step marker is there: wait for it (``integrations.captured.wait_for_files``,
+    ``processing.async_steps.wait_for_steps``) before processing.
     """
 
     step: int
@@ -257,7 +259,8 @@ class CellDump:
         return ended
 
     def end_step(self) -> Optional[StepEnd]:
-        """The running step's outputs are materialised: flush, mark its raw data complete.
+        """The running step's outputs are materialised: hand its last values to the writer, which
+        marks the step complete after its last file (see ``StepEnd.written_later``).
 
         Every step that began is ended in the backend too, captured or not: graph-mode
         backends move MindSpore's step counters there.
@@ -273,9 +276,15 @@ class CellDump:
         self._running = None
         if captured:
             if not self.writes_later:
-                self.writer.finish_step(step)
+                self.writer.complete_step(step)  # by the writer thread, after the step's files: no wait here
             self.captured_steps.append(step)
-        return StepEnd(step, captured, completed=True, written_later=captured and self.writes_later)
+        return StepEnd(step, captured, completed=True, written_later=captured)
+
+    def wait_written(self) -> None:
+        """Wait until everything captured so far is on disk and its steps are marked complete
+        (the raw writer works beside training); raises the first write failure since the last wait."""
+        if self.writer is not None:
+            self.writer.flush()
 
     def abort_step(self) -> Optional[StepEnd]:
         """Stop the running step without marking it complete (training failed in it).

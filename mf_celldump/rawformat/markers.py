@@ -64,18 +64,20 @@ def raw_folder_state(manifest: Manifest, folder_step: int, folder: str) -> Tuple
     return manifest.global_step(folder_step), os.path.isfile(os.path.join(folder, names.STEP_DONE_FILE))
 
 
-def written_steps(rank_dir: str) -> Dict[int, str]:
-    """Global step -> raw folder, for every step folder of ``rank_dir`` that holds a step-done marker file."""
+def written_steps(rank_dir: str, manifest: Manifest) -> Dict[int, str]:
+    """Global step -> raw folder, for every step folder of ``rank_dir`` that is complete: it holds its
+    step marker (``_step_done.json``, or MindSpore's step-done file for graph-mode TensorDump)."""
     found: Dict[int, str] = {}
     try:
         entries = list(os.scandir(rank_dir))
     except OSError:
         return found
     for entry in entries:
-        if names.parse_step_dir_name(entry.name) is None or not entry.is_dir(follow_symlinks=False):
+        folder_step = names.parse_step_dir_name(entry.name)
+        if folder_step is None or not entry.is_dir(follow_symlinks=False):
             continue
-        step = tensordump_done_step(entry.path)
-        if step is not None:
+        step, complete = raw_folder_state(manifest, folder_step, entry.path)
+        if complete:
             found[step] = entry.path
     return found
 

@@ -46,6 +46,7 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops.primitive import constexpr
 
+from mf_celldump.capture.backends import graph_statistics
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache
 from mf_celldump.dtypes import dtype_names, mindspore_dtype_name, numpy_dtype_name
@@ -129,10 +130,18 @@ class HostBackend(CaptureBackend):
     """Captures through identity pyfunc ops; both faces share the probe ops."""
 
     name = "host"
+    # Graph mode, statistics task: True reduces float tensors inside the graph (graph_statistics),
+    # False hands every tensor to the host op; None: inside the graph (benchmarks and tests set it).
+    reduce_in_graph = None
 
     def __init__(self, context: BackendContext):
         super().__init__(context)
         self._make_probe_ops(self.config.captures_forward, self.config.captures_backward)
+        wanted = self.config.statistics
+        self.reduces_in_graph = (self.config.task == "statistics" and graph_statistics.reduces(wanted)
+                                 and self.reduce_in_graph is not False)
+        if self.reduces_in_graph:
+            self._make_statistics_ops()
 
         def record_body(x, key):
             self._emit(x, key, BACKWARD)
@@ -143,8 +152,12 @@ class HostBackend(CaptureBackend):
         self.null_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
         self.null_op.add_prim_attr("side_effect_io", True)
 
+        def gradient_body(x, key, call):
+            self._emit(x, key, BACKWARD, call)
+            return x
+
         # Gradients the optimizer receives (parameters_grad): recorded when the op runs, never differentiated.
-        self.record_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        self.record_op = ops.Custom(gradient_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
 
         # Graph-mode constant values, filled at compile time: note id -> (cell id, leaves).
         self.constants: Dict[int, tuple] = {}
@@ -203,6 +216,27 @@ class HostBackend(CaptureBackend):
         self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
         self.value_op.add_prim_attr("side_effect_io", True)
 
+    def _make_statistics_ops(self) -> None:
+        """Graph mode, statistics: ops receiving reduced vectors ``(reduced, key, shape, call)``."""
+        forward_enabled = self.config.captures_forward
+
+        def forward_body(reduced, key, shape, call):
+            if forward_enabled:
+                self._emit_reduced(reduced, key, shape, FORWARD, call)
+            return reduced
+
+        def backward_body(reduced, key, shape, call):
+            self._emit_reduced(reduced, key, shape, BACKWARD, call)
+            return reduced
+
+        self.reduced_forward_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                             func_type="pyfunc")
+        self.reduced_forward_op.add_prim_attr("side_effect_io", True)  # nothing uses its output
+        # Joined to the gradient it reduces by ``depend`` instead: with side_effect_io inside a Cell's bprop
+        # MindSpore 2.9 fails the compile ("Graph cycle exists", an UpdateState loop).
+        self.reduced_backward_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                              func_type="pyfunc")
+
     def note_constants(self, cell_id: int, leaves) -> int:
         """Compile time: keep the recordable constants of one call site; their note id (0: none)."""
         recorded = tuple((CODE_SLOTS[slot_code], tuple(path), kind_of_value(value), value)
@@ -216,32 +250,52 @@ class HostBackend(CaptureBackend):
             self.constants[note] = (cell_id, recorded)
         return note
 
-    def _emit(self, data, key, direction: str, call=None) -> None:
-        """Runs inside a capture op: write the value of the running step, if it is captured.
-        ``call``: the call number a graph-mode call op handed over (negative: not counted)."""
+    def _probe(self, key, direction: str, call) -> Optional[ProbeKey]:
+        """The probe key a capture op received, or None when nothing is to be recorded; writes the call's
+        constants when its first forward probe runs."""
         runtime = self.context.runtime
         if not runtime.active:
-            return
+            return None
         codes = np.asarray(key).reshape(-1).tolist()
         probe = ProbeKey.from_codes(codes[3:], direction)
         if direction == BACKWARD and probe.slot == SLOT_ARG and not codes[2]:
-            return  # graph mode: a positional input's gradient is recorded by the call's tie (codes[2] set)
+            return None  # graph mode: a positional input's gradient is recorded by the call's tie (codes[2] set)
         if call is not None:
             number = int(np.asarray(call).reshape(-1)[0])
             if number >= 0:
                 probe = dataclasses.replace(probe, call=number)
-        sink = self.context.sink
         if codes[1] and direction == FORWARD:
-            self._emit_constants(sink, codes[1], probe.call)
+            self._emit_constants(self.context.sink, codes[1], probe.call)
+        return probe
+
+    def _emit(self, data, key, direction: str, call=None) -> None:
+        """Runs inside a capture op: write the value of the running step, if it is captured.
+        ``call``: the call number a graph-mode call op handed over (negative: not counted)."""
+        probe = self._probe(key, direction, call)
+        if probe is None:
+            return
+        sink = self.context.sink
         if probe.kind != KIND_TENSOR:
             sink.value(probe, scalar_of_kind(probe.kind, data))
             return
-        declared = _DTYPE_NAMES[codes[0]] if 0 <= codes[0] < len(_DTYPE_NAMES) else None
+        codes0 = int(np.asarray(key).reshape(-1)[0])
+        declared = _DTYPE_NAMES[codes0] if 0 <= codes0 < len(_DTYPE_NAMES) else None
         array, dtype = _as_computed(data, declared)
         if dtype is None:
             dtype = array.dtype.name
             self._warn_width_unknown(probe, declared, dtype)
         self._emit_array(sink, probe, array, dtype)
+
+    def _emit_reduced(self, reduced, key, shape, direction: str, call) -> None:
+        """Runs inside a statistics op (graph mode): the record of a tensor reduced inside the graph."""
+        probe = self._probe(key, direction, call)
+        if probe is None:
+            return
+        dims = [int(d) for d in np.asarray(shape).reshape(-1)[1:]]
+        dtype = _DTYPE_NAMES[int(np.asarray(key).reshape(-1)[0])]
+        stats = graph_statistics.record_of(reduced, dims, self.config.statistics)
+        self.context.sink.statistics(probe, mindspore_dtype_name(dtype), tuple(dims), stats,
+                                     self.context.runtime.next_seq())
 
     def emit_gradient(self, gradient, probe: ProbeKey, mode: str = "out") -> None:
         """PyNative: a gradient Tensor handed over by the call's gradient hook, written like ``_emit``'s."""
@@ -322,16 +376,18 @@ class HostGraph(GraphFace):
         return call_number
 
     def probe_function(self) -> Callable:
-        probe_op, value_op = self.backend.probe_op, self.backend.value_op
+        value_op = self.backend.value_op
         forward_enabled = self.backend.config.captures_forward
         int32, int64, float32, bool_ = ms.int32, ms.int64, ms.float32, ms.bool_
         key_codes = _make_graph_key_codes()
         to_tensor = ops.scalar_to_tensor
         bool_code, int_code, float_code = KIND_CODES[KIND_BOOL], KIND_CODES[KIND_INT], KIND_CODES[KIND_FLOAT]
 
+        tensor_probe = self._tensor_probe()
+
         def graph_probe(value, head, path, use_in, note, call):
             if isinstance(value, Tensor):
-                return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32), call)
+                return tensor_probe(value, head, path, note, call)
             # A variable scalar (``mutable``); constants come through notes. ``scalar_to_tensor``, not
             # ``Tensor(value, dtype)``: MindSpore 2.9 compiles the latter on a variable into an any-type
             # sub-graph, where a Custom op fails ("The prim is not a PrimitivePy", custom_op_infer.cc).
@@ -347,6 +403,36 @@ class HostGraph(GraphFace):
 
         return graph_probe
 
+    def _tensor_probe(self) -> Callable:
+        """``(tensor, head, path, note, call) -> tensor``: through the host probe op, or (statistics reduced in
+        the graph, graph_statistics) through the reduction and the gradient tap."""
+        probe_op, int32 = self.backend.probe_op, ms.int32
+        key_codes = _make_graph_key_codes()
+
+        def host_probe(value, head, path, note, call):
+            return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32), call)
+
+        if not self.backend.reduces_in_graph:
+            return host_probe
+        reducible, shape_codes, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
+        forward_op = self.backend.reduced_forward_op
+        forward_enabled = self.backend.config.captures_forward
+        tap = graph_statistics.gradient_tap(self.backend.reduced_backward_op, reduce)
+        taps_gradient = _make_gradient_rule(self.backend.config.captures_backward)
+
+        def reduced_probe(value, head, path, note, call):
+            if not reducible(value.dtype, value.shape):
+                return host_probe(value, head, path, note, call)
+            key = Tensor(key_codes(head, 0, path, value.dtype, note), int32)
+            shape = Tensor(shape_codes(value.shape), int32)
+            if forward_enabled:
+                forward_op(reduce(value), key, shape, call)
+            if taps_gradient(head):
+                return tap(value, key, shape, call)
+            return value
+
+        return reduced_probe
+
     def constants_function(self) -> Callable:
         backend = self.backend
 
@@ -360,10 +446,11 @@ class HostGraph(GraphFace):
     def input_gradients_function(self) -> Optional[Callable]:
         if not self.backend.config.captures_backward:
             return None
-        grad_op, null_op, int32, arg_code = self.backend.grad_op, self.backend.null_op, ms.int32, SLOT_CODES[SLOT_ARG]
+        null_op, int32, arg_code = self.backend.null_op, ms.int32, SLOT_CODES[SLOT_ARG]
         none_code = KIND_CODES[KIND_NONE]
         key_codes = _make_graph_key_codes()
         no_call = Tensor((UNKNOWN_CALL,), int32)  # the tie's function sees gradients only: processing numbers
+        record = self._gradient_recorder()
 
         def for_cell(cell_id):
             head = (cell_id, arg_code)
@@ -373,7 +460,7 @@ class HostGraph(GraphFace):
                     return ()
                 gradient = gradients[0]
                 key = Tensor(key_codes(head, 0, (rank,), gradient.dtype, 0, 1), int32)
-                return (grad_op(gradient, key, no_call),) + record_all(gradients[1:], rank + 1)
+                return (record(gradient, key, no_call),) + record_all(gradients[1:], rank + 1)
 
             def on_gradients(gradients):
                 return record_all(gradients, 0)
@@ -391,14 +478,41 @@ class HostGraph(GraphFace):
 
         return for_cell
 
+    def _gradient_recorder(self, op=None) -> Callable:
+        """``(gradient, key, call) -> gradient``, recording it: through ``op`` (the host op by default), or
+        reduced inside the graph (graph_statistics) when it can be."""
+        op = op if op is not None else self.backend.grad_op
+        if not self.backend.reduces_in_graph:
+            return op
+        reducible, shape_codes, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
+        reduced_op, depend, int32 = self.backend.reduced_backward_op, ops.depend, ms.int32
+
+        def record(gradient, key, call):
+            if not reducible(gradient.dtype, gradient.shape):
+                return op(gradient, key, call)
+            shape = Tensor(shape_codes(gradient.shape), int32)
+            return depend(gradient, reduced_op(reduce(gradient), key, shape, call))
+
+        return record
+
     def gradient_probe_function(self) -> Callable:
-        record_op, int32 = self.backend.record_op, ms.int32
+        record, int32 = self._gradient_recorder(self.backend.record_op), ms.int32
         key_codes = _make_graph_key_codes()
+        no_call = Tensor((UNKNOWN_CALL,), int32)
 
         def gradient_probe(value, head, path):
-            return record_op(value, Tensor(key_codes(head, 0, path, value.dtype, 0), int32))
+            return record(value, Tensor(key_codes(head, 0, path, value.dtype, 0), int32), no_call)
 
         return gradient_probe
+
+
+def _make_gradient_rule(backward_enabled: bool):
+    @constexpr
+    def taps_gradient(head):
+        # Compile time: a positional input's gradient is recorded by the call's tie, not by its probe.
+        return backward_enabled and head[1] != SLOT_CODES[SLOT_ARG]
+
+    return taps_gradient
 
 
 def _make_graph_key_codes():

@@ -3,9 +3,13 @@
 PyNative (verified on CPU): the file path holds the step folder and the exact call
 index; TensorDump appends ``_{dtype}_{id}.npy`` and writes synchronously, waiting for
 the value (and so for every op queued before it). The step path therefore only queues
-(path, tensor) pairs; they are dumped in capture order after one synchronisation at the
+(key, tensor) pairs; they are dumped in capture order after one synchronisation at the
 end of the step, or earlier when the queue holds more than ``pending_limit_bytes``.
 Parameters are dumped at once: the optimizer updates them in place later in the step.
+On CPU with MindSpore's own TensorDump, where it writes each file on the training thread,
+the raw writer's thread writes the same files instead (TensorDump's name, header and
+bytes, ``rawformat.npy_files``; ids from the capture's own counter, in the same order),
+so the step ends without waiting for the disk.
 
 Graph mode (Ascend; proven on CPU by the emulation in ``tests/support/ascend_emulation.py``):
 file paths hold MindSpore's ``{step}`` placeholder and MindSpore writes the files
@@ -25,6 +29,7 @@ import os
 from typing import Callable, List, Optional, Tuple
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, ops
 from mindspore.ops.primitive import constexpr
 
@@ -32,6 +37,7 @@ from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.backends.base import BackendContext, CaptureBackend, GraphFace, InputTie, PyNativeFace
 from mf_celldump.capture.backends.gradient_hooks import GradientHookCache, ParameterAliases
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
+from mf_celldump.dtypes import numpy_dtype_name
 from mf_celldump.rawformat.keys import (
     BACKWARD,
     CODE_SLOTS,
@@ -56,6 +62,7 @@ class TensorDumpBackend(CaptureBackend):
         self._given = primitives or context.primitives
         self.primitives: Optional[AscendPrimitives] = self._given
         self.graph_mode = False
+        self.host_files = False  # PyNative on CPU: the raw writer writes TensorDump's files (module docstring)
         self.steps: Optional[GraphStepMap] = None
         self._send_failed = False
         self._next_step: Optional[int] = None  # the step the previous one leads to
@@ -75,6 +82,7 @@ class TensorDumpBackend(CaptureBackend):
         self.primitives = self._given or AscendPrimitives.from_mindspore()
         self.graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
         if not self.graph_mode:
+            self.host_files = self.context.device == "CPU" and _is_mindspore_tensordump(self.primitives.dump_out)
             # From 2.7.2 an eager TensorDump checks the process-wide step filter against the
             # graph counter too (TDC ExecTask -> ProcessFileName with the default mode): a
             # filter left by an earlier graph-mode capture would silently stop every file.
@@ -179,23 +187,17 @@ class TensorDumpPyNative(PyNativeFace):
         self.primitives = backend.primitives
         self.forward_enabled = backend.config.captures_forward
         self.gradient_hooks = GradientHookCache(self.context.runtime, self._dump_gradient)
-        self._pending: List[Tuple[str, str, Tensor]] = []  # (mode, path, tensor) in capture order
+        self._pending: List[Tuple[str, int, ProbeKey, Tensor]] = []  # (mode, step, key, tensor) in capture order
         self._pending_bytes = 0
         self.aliases = ParameterAliases(self.context.runtime)  # Parameters and our hooks' aliases of them, this step
 
-    def _path(self, key: ProbeKey) -> str:
-        stem = raw_stem(key, self.backend.stem_separator)
-        return os.path.join(self.context.writer.step_dir(self.context.runtime.step), stem)
-
-    def _op(self, mode: str):
-        return self.primitives.dump_in if mode == "in" else self.primitives.dump_out
-
-    def _queue(self, mode: str, path: str, tensor, parameter: bool = False) -> None:
+    def _queue(self, mode: str, key: ProbeKey, tensor, parameter: bool = False) -> None:
+        step = self.context.runtime.step
         if parameter or isinstance(tensor, Parameter):
             self.flush()  # keeps capture order; the value is the one before the optimizer's update
-            self._op(mode)(path, tensor)
+            self._dump(mode, step, key, tensor, copy=True)
             return
-        self._pending.append((mode, path, tensor))
+        self._pending.append((mode, step, key, tensor))
         self._pending_bytes += tensor.nbytes
         if self._pending_bytes > self.pending_limit_bytes:
             self.flush()
@@ -203,22 +205,35 @@ class TensorDumpPyNative(PyNativeFace):
     def flush(self) -> None:
         """Dump every queued value in capture order; the first dump waits for the queue, the rest do not."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        dump_in, dump_out = self.primitives.dump_in, self.primitives.dump_out
-        for mode, path, tensor in pending:
-            (dump_in if mode == "in" else dump_out)(path, tensor)
+        for mode, step, key, tensor in pending:
+            self._dump(mode, step, key, tensor)
+
+    def _dump(self, mode: str, step: int, key: ProbeKey, tensor, copy: bool = False) -> None:
+        if not self.backend.host_files:
+            stem = raw_stem(key, self.backend.stem_separator)
+            op = self.primitives.dump_in if mode == "in" else self.primitives.dump_out
+            op(os.path.join(self.context.writer.step_dir(step), stem), tensor)
+            return
+        # CPU TensorDump ignores the mode (no "_in" in the name) and writes bfloat16 as float32 data.
+        host = tensor.astype(ms.float32) if tensor.dtype == ms.bfloat16 else tensor
+        array = host.asnumpy()  # a view of the tensor's memory on CPU: the writer keeps ``host`` alive
+        if copy:
+            array, host = np.array(array, copy=True), None
+        dtype = numpy_dtype_name(str(tensor.dtype))
+        self.context.writer.write_tensordump_file(step, key, array, dtype, self.context.runtime.next_seq(), host)
 
     def forward(self, value, key: ProbeKey, mode: str):
         if not self.forward_enabled:
             return value
         if isinstance(value, Tensor):
             parameter = self.aliases.is_parameter(value)
-            self._queue(mode, self._path(key), value, parameter)
+            self._queue(mode, key, value, parameter)
             return value
         kind = kind_of_value(value)
         if kind is not None:
             # Non-tensor values travel as scalar tensors so they share TensorDump's order.
             scalar = 0 if value is None else value
-            self._queue(mode, self._path(key.with_kind(kind)), Tensor(scalar))
+            self._queue(mode, key.with_kind(kind), Tensor(scalar))
         return value
 
     def backward(self, tensor, key: ProbeKey, mode: str):
@@ -232,10 +247,10 @@ class TensorDumpPyNative(PyNativeFace):
     def no_gradient(self, key: ProbeKey, mode: str) -> None:
         # Travels as a scalar file like the forward non-tensor values; its kind (None) makes it a null.
         if self.context.runtime.active:
-            self._queue(mode, self._path(key.with_kind(KIND_NONE)), Tensor(0))
+            self._queue(mode, key.with_kind(KIND_NONE), Tensor(0))
 
     def _dump_gradient(self, gradient, key: ProbeKey, mode: str) -> None:
-        self._queue(mode, self._path(key), gradient)
+        self._queue(mode, key, gradient)
 
 
 class TensorDumpGraph(GraphFace):
@@ -321,6 +336,13 @@ class TensorDumpGraph(GraphFace):
             return depend(value, dump_out(graph_path(prefix, head, "b", path, sep), value))
 
         return gradient_probe
+
+
+def _is_mindspore_tensordump(op) -> bool:
+    """Whether ``op`` is MindSpore's own TensorDump (not a stand-in), whose CPU files we can write ourselves."""
+    from mindspore.ops.operations.debug_ops import TensorDump  # where MindSpore 2.5 to 2.10 define it
+
+    return type(op) is TensorDump
 
 
 def _make_gradient_numbering():
