@@ -303,7 +303,6 @@ class _Timers:
 
 def _install_timers(task: str, graph: bool) -> _Timers:
     """Timers around mf_celldump's step-path pieces (backend faces, hooks, writer, end of step)."""
-    from mf_celldump.capture import sink
     from mf_celldump.capture.backends import device_stats, gradient_hooks, host, tensordump
     from mf_celldump.capture.session import CellDump
     from mf_celldump.rawformat import npy_files, writer
@@ -325,7 +324,7 @@ def _install_timers(task: str, graph: bool) -> _Timers:
     if graph or task == "host":
         timers.wrap(host.HostBackend, "_emit", "HostBackend._emit (inside the capture op)")
         timers.wrap(host.HostBackend, "_emit_reduced", "HostBackend._emit_reduced (inside the statistics op)")
-        timers.wrap(sink, "compute_statistics", "statistics.compute_statistics (writer thread)")
+        timers.wrap(host, "compute_statistics", "statistics.compute_statistics (inside the capture op)")
         timers.wrap(host.HostPyNative, "forward", "HostPyNative.forward")
     elif task == "tensor":
         timers.wrap(tensordump.TensorDumpPyNative, "forward", "TensorDumpPyNative.forward (queue)")

@@ -67,6 +67,7 @@ from mf_celldump.rawformat.keys import (
     kind_of_value,
     scalar_of_kind,
 )
+from mf_celldump.statistics import compute_statistics
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ _NAME_KINDS = (("bool", "b"), ("int", "i"), ("uint", "i"), ("float", "f"), ("bfl
 _NUMPY_KINDS = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
 
 
-def _as_computed(data, declared: Optional[str]):
+def _as_computed(data, declared: Optional[str], keep: bool = True):
     """``(array, dtype name)`` of the value a capture op received, as the op computed it.
 
     The declared dtype (the op key's, a compile-time constant) comes from the compiler's first
@@ -105,9 +106,9 @@ def _as_computed(data, declared: Optional[str]):
     embedding. An array arrives with the dtype it was computed in, so that is the truth; a 0-d
     tensor arrives as a Python scalar and only the declared dtype gives its width, used when it is
     of the scalar's kind. Otherwise the name is None and the array keeps the value exactly
-    (float64, int64, bool).
+    (float64, int64, bool). ``keep``: the array outlives the op (copied unless numpy owns it).
     """
-    array = _owned(data)
+    array = _owned(data) if keep else np.asarray(data)
     if isinstance(data, np.ndarray) or not declared:
         return array, array.dtype.name
     kind = next((k for prefix, k in _NAME_KINDS if declared.startswith(prefix)), None)
@@ -217,25 +218,30 @@ class HostBackend(CaptureBackend):
         self.value_op.add_prim_attr("side_effect_io", True)
 
     def _make_statistics_ops(self) -> None:
-        """Graph mode, statistics: ops receiving reduced vectors ``(reduced, key, shape, call)``."""
+        """Graph mode, statistics: ops receiving reduced tensors ``(extremes, moments, key, shape, call)``."""
         forward_enabled = self.config.captures_forward
 
-        def forward_body(reduced, key, shape, call):
+        def forward_body(extremes, moments, key, shape, call):
             if forward_enabled:
-                self._emit_reduced(reduced, key, shape, FORWARD, call)
-            return reduced
+                self._emit_reduced(extremes, moments, key, shape, FORWARD, call)
+            return extremes
 
-        def backward_body(reduced, key, shape, call):
-            self._emit_reduced(reduced, key, shape, BACKWARD, call)
-            return reduced
+        def backward_body(extremes, moments, key, shape, call):
+            self._emit_reduced(extremes, moments, key, shape, BACKWARD, call)
+            return extremes
 
         self.reduced_forward_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                              func_type="pyfunc")
         self.reduced_forward_op.add_prim_attr("side_effect_io", True)  # nothing uses its output
-        # Joined to the gradient it reduces by ``depend`` instead: with side_effect_io inside a Cell's bprop
-        # MindSpore 2.9 fails the compile ("Graph cycle exists", an UpdateState loop).
+        # Input ties and the optimizer's gradients: side_effect_io keeps the record of a gradient nothing uses
+        # (an attention mask's).
         self.reduced_backward_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype,
                                               func_type="pyfunc")
+        self.reduced_backward_op.add_prim_attr("side_effect_io", True)
+        # Output gradients, inside the tap Cell's bprop: joined to the gradient by ``depend`` only; with
+        # side_effect_io there MindSpore 2.9 fails the compile ("Graph cycle exists", an UpdateState loop).
+        self.reduced_tap_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                         func_type="pyfunc")
 
     def note_constants(self, cell_id: int, leaves) -> int:
         """Compile time: keep the recordable constants of one call site; their note id (0: none)."""
@@ -280,20 +286,22 @@ class HostBackend(CaptureBackend):
             return
         codes0 = int(np.asarray(key).reshape(-1)[0])
         declared = _DTYPE_NAMES[codes0] if 0 <= codes0 < len(_DTYPE_NAMES) else None
-        array, dtype = _as_computed(data, declared)
+        array, dtype = _as_computed(data, declared, keep=self.config.task == "tensor")
         if dtype is None:
             dtype = array.dtype.name
             self._warn_width_unknown(probe, declared, dtype)
         self._emit_array(sink, probe, array, dtype)
 
-    def _emit_reduced(self, reduced, key, shape, direction: str, call) -> None:
+    def _emit_reduced(self, extremes, moments, key, shape, direction: str, call) -> None:
         """Runs inside a statistics op (graph mode): the record of a tensor reduced inside the graph."""
         probe = self._probe(key, direction, call)
         if probe is None:
             return
-        dims = [int(d) for d in np.asarray(shape).reshape(-1)[1:]]
-        dtype = _DTYPE_NAMES[int(np.asarray(key).reshape(-1)[0])]
-        stats = graph_statistics.record_of(reduced, dims, self.config.statistics)
+        dims = [int(d) for d in np.asarray(shape).reshape(-1)]
+        extremes = np.asarray(extremes)
+        declared = _DTYPE_NAMES[int(np.asarray(key).reshape(-1)[0])]
+        dtype = declared if declared == "bfloat16" else extremes.dtype.name  # bfloat16 arrives as float32
+        stats = graph_statistics.record_of(extremes, moments, dims, self.config.statistics)
         self.context.sink.statistics(probe, mindspore_dtype_name(dtype), tuple(dims), stats,
                                      self.context.runtime.next_seq())
 
@@ -303,14 +311,17 @@ class HostBackend(CaptureBackend):
             return
         dtype = numpy_dtype_name(str(gradient.dtype))
         host = gradient.astype(ms.float32) if gradient.dtype == ms.bfloat16 else gradient
-        self._emit_array(self.context.sink, probe, _owned(host.asnumpy()), dtype)
+        array = host.asnumpy()
+        self._emit_array(self.context.sink, probe, _owned(array) if self.config.task == "tensor" else array, dtype)
 
     def _emit_array(self, sink, probe: ProbeKey, array: np.ndarray, dtype: str) -> None:
-        # The writer's thread saves the array or computes its statistics; the op returns at once.
+        """A tensor goes to the writer's thread (which saves it); statistics are computed here, at once,
+        so only numbers leave the op (numpy on the array the op received: no copy, nothing kept)."""
         if self.config.task == "tensor":
             sink.tensor(probe, array, dtype)
         else:
-            sink.statistics_of(probe, mindspore_dtype_name(dtype), array, self.config.statistics)
+            stats = compute_statistics(array, self.config.statistics)
+            sink.statistics(probe, mindspore_dtype_name(dtype), array.shape, stats, self.context.runtime.next_seq())
 
     def _warn_width_unknown(self, probe: ProbeKey, declared: str, recorded: str) -> None:
         """Once per probe: a 0-d value whose declared dtype is not of its kind (see ``_as_computed``)."""
@@ -414,21 +425,21 @@ class HostGraph(GraphFace):
 
         if not self.backend.reduces_in_graph:
             return host_probe
-        reducible, shape_codes, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
+        reducible, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
         forward_op = self.backend.reduced_forward_op
         forward_enabled = self.backend.config.captures_forward
-        tap = graph_statistics.gradient_tap(self.backend.reduced_backward_op, reduce)
+        tap = graph_statistics.gradient_tap(self.backend.reduced_tap_op, reduce)
         taps_gradient = _make_gradient_rule(self.backend.config.captures_backward)
 
         def reduced_probe(value, head, path, note, call):
             if not reducible(value.dtype, value.shape):
                 return host_probe(value, head, path, note, call)
             key = Tensor(key_codes(head, 0, path, value.dtype, note), int32)
-            shape = Tensor(shape_codes(value.shape), int32)
             if forward_enabled:
-                forward_op(reduce(value), key, shape, call)
+                extremes, moments, shape = reduce(value)
+                forward_op(extremes, moments, key, shape, call)
             if taps_gradient(head):
-                return tap(value, key, shape, call)
+                return tap(value, key, call)
             return value
 
         return reduced_probe
@@ -484,14 +495,14 @@ class HostGraph(GraphFace):
         op = op if op is not None else self.backend.grad_op
         if not self.backend.reduces_in_graph:
             return op
-        reducible, shape_codes, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
-        reduced_op, depend, int32 = self.backend.reduced_backward_op, ops.depend, ms.int32
+        reducible, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
+        reduced_op, depend = self.backend.reduced_backward_op, ops.depend
 
         def record(gradient, key, call):
             if not reducible(gradient.dtype, gradient.shape):
                 return op(gradient, key, call)
-            shape = Tensor(shape_codes(gradient.shape), int32)
-            return depend(gradient, reduced_op(reduce(gradient), key, shape, call))
+            extremes, moments, shape = reduce(gradient)
+            return depend(gradient, reduced_op(extremes, moments, key, shape, call))
 
         return record
 
