@@ -8,8 +8,11 @@ end of the step, or earlier when the queue holds more than ``pending_limit_bytes
 Parameters are dumped at once: the optimizer updates them in place later in the step.
 On CPU with MindSpore's own TensorDump, where it writes each file on the training thread,
 the raw writer's thread writes the same files instead (TensorDump's name, header and
-bytes, ``rawformat.npy_files``; ids from the capture's own counter, in the same order),
-so the step ends without waiting for the disk.
+bytes, ``rawformat.npy_files``), so the step ends without waiting for the disk. The ids
+count this capture's files from 0, as TensorDump's own counter counts every TensorDump
+call of the process from 0: the same numbers unless something else in the process called
+TensorDump first (processing only compares them with the ids of the same step's files and
+with the raw writer's sequence numbers of the weights).
 
 Graph mode (Ascend; proven on CPU by the emulation in ``tests/support/ascend_emulation.py``):
 file paths hold MindSpore's ``{step}`` placeholder and MindSpore writes the files
@@ -24,6 +27,7 @@ MBUF ``.../mbuf_manager/mbuf_receive_manager.cc``, PTD
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from typing import Callable, List, Optional, Tuple
@@ -190,6 +194,7 @@ class TensorDumpPyNative(PyNativeFace):
         self._pending: List[Tuple[str, int, ProbeKey, Tensor]] = []  # (mode, step, key, tensor) in capture order
         self._pending_bytes = 0
         self.aliases = ParameterAliases(self.context.runtime)  # Parameters and our hooks' aliases of them, this step
+        self._ids = itertools.count()  # host_files: TensorDump's file ids (module docstring)
 
     def _queue(self, mode: str, key: ProbeKey, tensor, parameter: bool = False) -> None:
         step = self.context.runtime.step
@@ -220,7 +225,7 @@ class TensorDumpPyNative(PyNativeFace):
         if copy:
             array, host = np.array(array, copy=True), None
         dtype = numpy_dtype_name(str(tensor.dtype))
-        self.context.writer.write_tensordump_file(step, key, array, dtype, self.context.runtime.next_seq(), host)
+        self.context.writer.write_tensordump_file(step, key, array, dtype, next(self._ids), host)
 
     def forward(self, value, key: ProbeKey, mode: str):
         if not self.forward_enabled:
