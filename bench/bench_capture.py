@@ -91,6 +91,16 @@ CONFIGS = [
 GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics", "graph_host_statistics_on_host")
 
 MODEL = dict(batch_size=2, seq_length=64, hidden_size=128, num_layers=4, num_heads=4, vocab_size=1000)
+# ``--size``: the LLaMA section's model sizes (the same architecture; 16x the bytes per value at "large")
+SIZES = {
+    "tiny": dict(MODEL),
+    "large": dict(batch_size=2, seq_length=256, hidden_size=512, num_layers=4, num_heads=8, vocab_size=1000),
+}
+
+
+def _use_size(name: str) -> None:
+    MODEL.clear()
+    MODEL.update(SIZES[name])
 
 
 # ---------------------------------------------------------------------------
@@ -528,7 +538,9 @@ def graph_worker(args) -> dict:
         step += 2
     capture.close()
     timers.restore()
+    floor = _write_floor(dump_path) if task == "tensor" else None
     return {
+        "write_floor": floor,
         "config": name,
         "backend": capture.backend,
         "cells": capture.cells,
@@ -549,6 +561,29 @@ def graph_worker(args) -> dict:
         "first_steps_s": {"plain (compile + warm-up)": compile_plain_s,
                           "captured (compile + 1 uncaptured + 1 captured)": compile_captured_s},
     }
+
+
+def _write_floor(dump_path: str, rounds: int = 3) -> dict:
+    """The floor of writing one captured step: the same bytes (the last raw step's ``.npy`` files, loaded
+    untimed) written by a plain loop of ``np.save`` into a folder of the same dump (same disk), fastest
+    of ``rounds``."""
+    import numpy as np
+
+    raw = os.path.join(dump_path, "_raw", "rank0")
+    folders = sorted((d for d in os.listdir(raw) if d.startswith("step")), key=lambda d: int(d[4:]))
+    folder = os.path.join(raw, folders[-1])
+    arrays = [np.load(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".npy")]
+    target = os.path.join(dump_path, "floor")
+    times = []
+    for _ in range(rounds):
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        t0 = time.perf_counter()
+        for i, array in enumerate(arrays):
+            np.save(os.path.join(target, f"{i}.npy"), array, allow_pickle=False)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    shutil.rmtree(target, ignore_errors=True)
+    return {"files": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)), "ms": min(times), "all_ms": times}
 
 
 # ---------------------------------------------------------------------------
@@ -816,6 +851,8 @@ def _run_worker(name: str, args) -> dict:
         str(args.inproc_baseline),
         "--seed",
         str(args.seed),
+        "--size",
+        args.size,
         "--result",
         out_json,
     ]
@@ -920,6 +957,23 @@ def _run_section(names, args) -> list:
     return results
 
 
+def _floor_text(results) -> str:
+    """Graph tensor task: the writer thread's file writing per step against the np.save floor of the same bytes."""
+    lines = []
+    for res in results:
+        floor = res.get("write_floor")
+        if not floor:
+            continue
+        label = "NpyFileWriter.write (open + writev + rename, writer thread)"
+        ours = (res.get("breakdown") or {}).get(label, {}).get("ms")
+        ratio = f", x{ours / floor['ms']:.2f} the floor" if ours else ""
+        lines.append(f"{res['config']}: writing floor (plain np.save loop of the last step's {floor['files']} files, "
+                     f"{floor['bytes'] / 1e6:.1f} MB, same disk, fastest of {len(floor['all_ms'])}): "
+                     f"{floor['ms']:.1f} ms; "
+                     f"the writer thread's writes per captured step (median): {ours or float('nan'):.1f} ms{ratio}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def _breakdown_text(results) -> str:
     """Per configuration: median ms per captured step inside each timed piece (nested pieces overlap)."""
     parts = []
@@ -974,7 +1028,7 @@ def driver(args) -> int:
                                    layers="TrainingQwen3ForCausalLM (mcore)", dtype="float32")
         table += ("\n\ntiny Qwen3 (mcore), capture vs no capture in the same process "
                   f"({args.steps} alternating steps after the first):\n\n" + capture_mcore.table(mcore_results))
-    stamp = started.strftime("%Y%m%d-%H%M%S")
+    stamp = started.strftime("%Y%m%d-%H%M%S") + ("" if args.size == "tiny" else f"-{args.size}")
     with open(os.path.join(args.out, f"capture-{stamp}.json"), "w") as handle:
         json.dump({"meta": meta, "results": results, "qwen3": mcore_results, "micro": micro}, handle, indent=1)
     text = "\n".join(
@@ -991,6 +1045,7 @@ def driver(args) -> int:
             table,
             "",
             _breakdown_text(results),
+            _floor_text(results),
             "captured per step (mf_celldump): "
             + "; ".join(
                 f"{r['config']}: {r.get('captured_per_step')}" for r in results if r.get("captured_per_step")
@@ -1024,6 +1079,8 @@ def main(argv=None) -> int:
         help="uncaptured steps measured in each capture worker before capture starts",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
+                        help="LLaMA section: tiny (hidden 128, seq 64) or large (hidden 512, seq 256, 8 heads)")
     parser.add_argument("--only", nargs="+", choices=CONFIGS + capture_mcore.CONFIGS,
                         help="run only these configurations")
     parser.add_argument("--section", choices=("all", "llama", "qwen3"), default="all",
@@ -1044,6 +1101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    _use_size(args.size)
     if args.worker:
         if args.worker == "micro":
             result = micro_worker(args)
