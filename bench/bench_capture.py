@@ -375,6 +375,15 @@ def _timed_steps(train, batches, capture, first_step, count, dump_path, record, 
     return times, per_step_files, per_step_bytes, losses
 
 
+def _raw_step_sizes(dump_path: str):
+    """(files, bytes) of every raw step folder, once the capture is detached. The writer's thread writes a
+    step's files beside the next step, so a count taken right after ``end_step`` would miss some."""
+    raw = os.path.join(dump_path, "_raw", "rank0")
+    folders = [os.path.join(raw, d) for d in os.listdir(raw) if d.startswith("step")]
+    sizes = [_tree_size(folder) for folder in folders]
+    return [f for f, _ in sizes], [b for _, b in sizes]
+
+
 def _composition(dump_path: str):
     """What one captured step of mf_celldump held: forward tensors, forward non-tensor values, gradients."""
     from collections import Counter
@@ -474,6 +483,8 @@ def worker(args) -> dict:
     capture.close()
     if timers is not None:
         timers.restore()
+    if name.startswith("mf_"):
+        got["files"], got["nbytes"] = _raw_step_sizes(os.path.join(workdir, "dump"))
     times, interleaved = got["times"], got["interleaved"]
     result = {
         "config": name,
@@ -538,6 +549,7 @@ def graph_worker(args) -> dict:
         step += 2
     capture.close()
     timers.restore()
+    files, nbytes = _raw_step_sizes(dump_path)
     floor = _write_floor(dump_path) if task == "tensor" else None
     return {
         "write_floor": floor,
