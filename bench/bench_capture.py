@@ -326,7 +326,7 @@ def _install_timers(task: str, graph: bool) -> _Timers:
     timers.wrap(writer.RawWriter, "append_record", "writer.append_record (hand-over)")
     timers.wrap(writer.RawWriter, "_append_line", "writer._append_line (writer thread)")
     timers.wrap(writer.RawWriter, "_mark_complete", "writer._mark_complete (records closed, marker; writer thread)")
-    timers.wrap(writer.RawWriter, "write_tensordump_file", "writer.write_tensordump_file (hand-over)")
+    timers.wrap(writer.RawWriter, "write_tensordump_files", "writer.write_tensordump_files (hand-over, one per flush)")
     timers.wrap(writer.RawWriter, "flush", "writer.flush (wait for the writer thread)")
     timers.wrap(gradient_hooks.GradientHookCache, "apply", "gradient hook applied (forward side)")
     if hasattr(gradient_hooks.GradientHookCache, "apply_many"):  # one hook per call for its inputs

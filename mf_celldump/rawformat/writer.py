@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Dict, Optional, TextIO
+from typing import Callable, Dict, List, Optional, TextIO, Tuple
 
 import numpy as np
 
@@ -125,16 +125,19 @@ class RawWriter:
         path = os.path.join(self.step_dir(step), names.raw_tensor_file_name(key, dtype_name, seq))
         self._thread.submit(lambda: self._files.write(path, [numpy_header(array), numpy_data(array)]), array.nbytes)
 
-    def write_tensordump_file(self, step: int, key: ProbeKey, array: np.ndarray, dtype_name: str, seq: int,
-                              keep: object = None) -> None:
-        """The file ``ops.TensorDump`` writes for ``array`` under the raw name of ``key`` (its header, its
-        bytes), atomically, on the writer thread. ``keep`` (the tensor ``array`` views) lives until then."""
-        path = os.path.join(self.step_dir(step), names.raw_tensor_file_name(key, dtype_name, seq))
+    def write_tensordump_files(self, step: int, files: List[Tuple[ProbeKey, np.ndarray, str, int, object]]) -> None:
+        """The files ``ops.TensorDump`` writes, ``(key, array, dtype name, id, keep)`` each: under the raw name of
+        ``key``, with TensorDump's header and bytes, atomically, by one job of the writer thread (one hand-over
+        for a whole flush). ``keep`` (the tensor ``array`` views) lives until then."""
+        folder = self.step_dir(step)
+        jobs = [(os.path.join(folder, names.raw_tensor_file_name(key, dtype, seq)), array, keep)
+                for key, array, dtype, seq, keep in files]
 
-        def job(kept=keep):
-            self._files.write(path, [tensordump_header(array), c_order_data(array)])
+        def job():
+            for path, array, _kept in jobs:
+                self._files.write(path, [tensordump_header(array), c_order_data(array)])
 
-        self._thread.submit(job, array.nbytes)
+        self._thread.submit(job, sum(array.nbytes for _, array, _ in jobs))
 
     def append_record(self, step: int, key: ProbeKey, seq: int, **payload) -> None:
         folder = self.step_dir(step)

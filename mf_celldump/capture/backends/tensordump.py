@@ -210,22 +210,34 @@ class TensorDumpPyNative(PyNativeFace):
     def flush(self) -> None:
         """Dump every queued value in capture order; the first dump waits for the queue, the rest do not."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
+        if self.backend.host_files:
+            self._hand_over(pending)
+            return
         for mode, step, key, tensor in pending:
             self._dump(mode, step, key, tensor)
 
     def _dump(self, mode: str, step: int, key: ProbeKey, tensor, copy: bool = False) -> None:
-        if not self.backend.host_files:
-            stem = raw_stem(key, self.backend.stem_separator)
-            op = self.primitives.dump_in if mode == "in" else self.primitives.dump_out
-            op(os.path.join(self.context.writer.step_dir(step), stem), tensor)
+        if self.backend.host_files:
+            self._hand_over([(mode, step, key, tensor)], copy)
             return
-        # CPU TensorDump ignores the mode (no "_in" in the name) and writes bfloat16 as float32 data.
-        host = tensor.astype(ms.float32) if tensor.dtype == ms.bfloat16 else tensor
-        array = host.asnumpy()  # a view of the tensor's memory on CPU: the writer keeps ``host`` alive
-        if copy:
-            array, host = np.array(array, copy=True), None
-        dtype = numpy_dtype_name(str(tensor.dtype))
-        self.context.writer.write_tensordump_file(step, key, array, dtype, next(self._ids), host)
+        stem = raw_stem(key, self.backend.stem_separator)
+        op = self.primitives.dump_in if mode == "in" else self.primitives.dump_out
+        op(os.path.join(self.context.writer.step_dir(step), stem), tensor)
+
+    def _hand_over(self, pending: List[Tuple[str, int, ProbeKey, Tensor]], copy: bool = False) -> None:
+        """host_files: TensorDump's files of ``pending``, to the writer's thread in one hand-over per step (the
+        arrays are taken first, so the thread does not compete with this loop)."""
+        by_step: dict = {}
+        for _mode, step, key, tensor in pending:
+            # CPU TensorDump ignores the mode (no "_in" in the name) and writes bfloat16 as float32 data.
+            host = tensor.astype(ms.float32) if tensor.dtype == ms.bfloat16 else tensor
+            array = host.asnumpy()  # a view of the tensor's memory on CPU: the writer keeps ``host`` alive
+            if copy:
+                array, host = np.array(array, copy=True), None
+            dtype = numpy_dtype_name(str(tensor.dtype))
+            by_step.setdefault(step, []).append((key, array, dtype, next(self._ids), host))
+        for step, files in by_step.items():
+            self.context.writer.write_tensordump_files(step, files)
 
     def forward(self, value, key: ProbeKey, mode: str):
         if not self.forward_enabled:
