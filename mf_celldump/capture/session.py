@@ -56,9 +56,11 @@ class StepEnd:
     """What ``end_step``/``abort_step`` finished: the step, whether raw data was written for it,
     and whether it completed (False: training failed in it, its raw data stays unmarked).
 
-    ``written_later``: the step's raw files are still being written when ``end_step`` returns
-    (by the raw writer's thread, or by MindSpore for graph-mode TensorDump); its folder is
-    complete once its step marker is there: wait for it (``integrations.captured.wait_for_files``,
+    ``written_later``: MindSpore writes the step's raw files after the step (graph-mode
+    TensorDump), for as long as it takes. ``marked_later``: the raw writer's thread writes
+    the step's last files and then its step marker, beside the next step (``CellDump.detach``
+    and ``wait_written`` wait for it). Either way the folder is complete once its step marker
+    is there: wait for it (``integrations.captured.wait_for_files``,
     ``processing.async_steps.wait_for_steps``) before processing.
     """
 
@@ -66,6 +68,7 @@ class StepEnd:
     captured: bool
     completed: bool
     written_later: bool = False
+    marked_later: bool = False
 
 
 def detect_rank() -> tuple:
@@ -260,7 +263,7 @@ class CellDump:
 
     def end_step(self) -> Optional[StepEnd]:
         """The running step's outputs are materialised: hand its last values to the writer, which
-        marks the step complete after its last file (see ``StepEnd.written_later``).
+        marks the step complete after its last file (see ``StepEnd.marked_later``).
 
         Every step that began is ended in the backend too, captured or not: graph-mode
         backends move MindSpore's step counters there.
@@ -278,7 +281,8 @@ class CellDump:
             if not self.writes_later:
                 self.writer.complete_step(step)  # by the writer thread, after the step's files: no wait here
             self.captured_steps.append(step)
-        return StepEnd(step, captured, completed=True, written_later=captured)
+        return StepEnd(step, captured, completed=True, written_later=captured and self.writes_later,
+                       marked_later=captured and not self.writes_later)
 
     def wait_written(self) -> None:
         """Wait until everything captured so far is on disk and its steps are marked complete
