@@ -16,9 +16,10 @@ leak between them), run with the same model, seed and batches:
   msprobe_tensor    msprobe 26.2 PrecisionDebugger, level L0, task tensor, data_mode all
   msprobe_statistics  the same, task statistics
   graph_host_tensor       GRAPH_MODE on CPU, mf_celldump backend host, task tensor
-  graph_host_statistics   the same, task statistics (float tensors reduced inside the graph)
+  graph_host_statistics   the same, task statistics, float tensors reduced inside the graph
+                    (``HostBackend.reduce_in_graph = True``; the default on a device)
   graph_host_statistics_on_host   the same with every tensor handed to the host op and reduced
-                    there by numpy (``HostBackend.reduce_in_graph = False``): the path before
+                    there by numpy (``reduce_in_graph = False``; the default on CPU)
   mf_tensor_fwd, mf_statistics_fwd   as mf_tensor / mf_statistics with data_mode forward:
                     no gradient hooks, to show what the hooks cost
 
@@ -524,10 +525,10 @@ def graph_worker(args) -> dict:
     _net_cap, train = _build(args.seed, graph=True)
     batches = _batches(args.warmup + 2 * args.steps + 2, args.seed)
     timers = _install_timers(task, graph=True)
-    if name.endswith("_on_host"):
+    if task == "statistics":  # where the statistics are reduced (on CPU the default is on the host)
         from mf_celldump.capture.backends.host import HostBackend
 
-        HostBackend.reduce_in_graph = False
+        HostBackend.reduce_in_graph = not name.endswith("_on_host")
     first = 1  # the captured network's step 0 is an uncaptured warm-up (compiles the graph)
     selected = [first + 2 * i for i in range(args.steps + 1)]
     capture = _MfCapture(train, dump_path, task, "host", steps=selected)

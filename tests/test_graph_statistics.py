@@ -1,7 +1,8 @@
 """Graph-mode statistics reduced inside the graph give the host path's numbers.
 
 The host backend reduces float tensors by graph ops (float32 accumulation) and hands the
-host a few numbers; the host path hands numpy every tensor (float64 accumulation). Both
+host a few numbers (the default on a device; forced here on CPU); the host path hands numpy
+every tensor (float64 accumulation, the default on CPU). Both
 run here on one network with float32, float16, NaN, integer and weight-gradient values:
 the records must name the same values with the same dtypes and shapes, equal max/min
 and counts, and mean/norm within float32 rounding. bfloat16 (which the host op cannot

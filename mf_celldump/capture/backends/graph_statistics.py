@@ -1,6 +1,9 @@
 """Graph-mode statistics reduced by graph ops: a captured value hands the host a few numbers, not its data.
 
-The host backend's statistics task in graph mode. A floating-point tensor whose shape is
+The host backend's statistics task in graph mode, by default on a device (not on CPU, where
+device memory is host memory and MindSpore's reduction kernels cost more than numpy on the
+array the host op receives; ``HostBackend.reduce_in_graph`` overrides). A floating-point
+tensor whose shape is
 static and not empty is reduced inside the graph into two small vectors: its max and min,
 in its own dtype (bfloat16: in float32, exact), and its sum and sum of squares (and the
 NaN and Inf counts when configured), **accumulated in float32** (float16 and bfloat16 are

@@ -131,16 +131,18 @@ class HostBackend(CaptureBackend):
     """Captures through identity pyfunc ops; both faces share the probe ops."""
 
     name = "host"
-    # Graph mode, statistics task: True reduces float tensors inside the graph (graph_statistics),
-    # False hands every tensor to the host op; None: inside the graph (benchmarks and tests set it).
+    # Graph mode, statistics task: True reduces float tensors inside the graph (graph_statistics), False
+    # hands every tensor to the host op. None: inside the graph on a device, on the host on CPU, where
+    # device memory is host memory and MindSpore's CPU reduction kernels cost more than numpy on the
+    # array the op receives (and run in every step, selected or not: bench/README.md, issue 24).
     reduce_in_graph = None
 
     def __init__(self, context: BackendContext):
         super().__init__(context)
         self._make_probe_ops(self.config.captures_forward, self.config.captures_backward)
         wanted = self.config.statistics
-        self.reduces_in_graph = (self.config.task == "statistics" and graph_statistics.reduces(wanted)
-                                 and self.reduce_in_graph is not False)
+        in_graph = self.reduce_in_graph if self.reduce_in_graph is not None else context.device != "CPU"
+        self.reduces_in_graph = self.config.task == "statistics" and graph_statistics.reduces(wanted) and in_graph
         if self.reduces_in_graph:
             self._make_statistics_ops()
 
