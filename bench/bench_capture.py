@@ -16,7 +16,10 @@ leak between them), run with the same model, seed and batches:
   msprobe_tensor    msprobe 26.2 PrecisionDebugger, level L0, task tensor, data_mode all
   msprobe_statistics  the same, task statistics
   graph_host_tensor       GRAPH_MODE on CPU, mf_celldump backend host, task tensor
-  graph_host_statistics   the same, task statistics
+  graph_host_statistics   the same, task statistics, float tensors reduced inside the graph
+                    (``HostBackend.reduce_in_graph = True``; the default on a device)
+  graph_host_statistics_on_host   the same with every tensor handed to the host op and reduced
+                    there by numpy (``reduce_in_graph = False``; the default on CPU)
   mf_tensor_fwd, mf_statistics_fwd   as mf_tensor / mf_statistics with data_mode forward:
                     no gradient hooks, to show what the hooks cost
 
@@ -82,12 +85,23 @@ CONFIGS = [
     "msprobe_statistics",
     "graph_host_tensor",
     "graph_host_statistics",
+    "graph_host_statistics_on_host",
     "mf_tensor_fwd",
     "mf_statistics_fwd",
 ]
-GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics")
+GRAPH_CONFIGS = ("graph_host_tensor", "graph_host_statistics", "graph_host_statistics_on_host")
 
 MODEL = dict(batch_size=2, seq_length=64, hidden_size=128, num_layers=4, num_heads=4, vocab_size=1000)
+# ``--size``: the LLaMA section's model sizes (the same architecture; 16x the bytes per value at "large")
+SIZES = {
+    "tiny": dict(MODEL),
+    "large": dict(batch_size=2, seq_length=256, hidden_size=512, num_layers=4, num_heads=8, vocab_size=1000),
+}
+
+
+def _use_size(name: str) -> None:
+    MODEL.clear()
+    MODEL.update(SIZES[name])
 
 
 # ---------------------------------------------------------------------------
@@ -300,26 +314,28 @@ class _Timers:
 
 def _install_timers(task: str, graph: bool) -> _Timers:
     """Timers around mf_celldump's step-path pieces (backend faces, hooks, writer, end of step)."""
-    from mf_celldump.capture import sink
     from mf_celldump.capture.backends import device_stats, gradient_hooks, host, tensordump
     from mf_celldump.capture.session import CellDump
-    from mf_celldump.rawformat import writer
+    from mf_celldump.rawformat import npy_files, writer
 
     if os.environ.get("BENCH_WRITER_INLINE") == "1":  # compare: every write in the capture op
         writer.RawWriter.background = False
     timers = _Timers()
     timers.wrap(CellDump, "end_step", "end_step (sync, flush, marker)")
     timers.wrap(writer.RawWriter, "write_tensor", "writer.write_tensor (hand-over)")
-    timers.wrap(writer, "_save_npy", "writer._save_npy (np.save + write + rename, writer thread)")
+    timers.wrap(npy_files.NpyFileWriter, "write", "NpyFileWriter.write (open + writev + rename, writer thread)")
     timers.wrap(writer.RawWriter, "append_record", "writer.append_record (hand-over)")
     timers.wrap(writer.RawWriter, "_append_line", "writer._append_line (writer thread)")
-    timers.wrap(writer.RawWriter, "finish_step", "writer.finish_step (records closed, marker)")
+    timers.wrap(writer.RawWriter, "_mark_complete", "writer._mark_complete (records closed, marker; writer thread)")
+    timers.wrap(writer.RawWriter, "write_tensordump_files", "writer.write_tensordump_files (hand-over, one per flush)")
+    timers.wrap(writer.RawWriter, "flush", "writer.flush (wait for the writer thread)")
     timers.wrap(gradient_hooks.GradientHookCache, "apply", "gradient hook applied (forward side)")
     if hasattr(gradient_hooks.GradientHookCache, "apply_many"):  # one hook per call for its inputs
         timers.wrap(gradient_hooks.GradientHookCache, "apply_many", "inputs' gradient hook applied (one per call)")
     if graph or task == "host":
         timers.wrap(host.HostBackend, "_emit", "HostBackend._emit (inside the capture op)")
-        timers.wrap(sink, "compute_statistics", "statistics.compute_statistics (writer thread)")
+        timers.wrap(host.HostBackend, "_emit_reduced", "HostBackend._emit_reduced (inside the statistics op)")
+        timers.wrap(host, "compute_statistics", "statistics.compute_statistics (inside the capture op)")
         timers.wrap(host.HostPyNative, "forward", "HostPyNative.forward")
     elif task == "tensor":
         timers.wrap(tensordump.TensorDumpPyNative, "forward", "TensorDumpPyNative.forward (queue)")
@@ -358,6 +374,15 @@ def _timed_steps(train, batches, capture, first_step, count, dump_path, record, 
             per_step_bytes.append(after[1] - before[1])
             losses.append(value)
     return times, per_step_files, per_step_bytes, losses
+
+
+def _raw_step_sizes(dump_path: str):
+    """(files, bytes) of every raw step folder, once the capture is detached. The writer's thread writes a
+    step's files beside the next step, so a count taken right after ``end_step`` would miss some."""
+    raw = os.path.join(dump_path, "_raw", "rank0")
+    folders = [os.path.join(raw, d) for d in os.listdir(raw) if d.startswith("step")]
+    sizes = [_tree_size(folder) for folder in folders]
+    return [f for f, _ in sizes], [b for _, b in sizes]
 
 
 def _composition(dump_path: str):
@@ -459,6 +484,8 @@ def worker(args) -> dict:
     capture.close()
     if timers is not None:
         timers.restore()
+    if name.startswith("mf_"):
+        got["files"], got["nbytes"] = _raw_step_sizes(os.path.join(workdir, "dump"))
     times, interleaved = got["times"], got["interleaved"]
     result = {
         "config": name,
@@ -498,6 +525,10 @@ def graph_worker(args) -> dict:
     _net_cap, train = _build(args.seed, graph=True)
     batches = _batches(args.warmup + 2 * args.steps + 2, args.seed)
     timers = _install_timers(task, graph=True)
+    if task == "statistics":  # where the statistics are reduced (on CPU the default is on the host)
+        from mf_celldump.capture.backends.host import HostBackend
+
+        HostBackend.reduce_in_graph = not name.endswith("_on_host")
     first = 1  # the captured network's step 0 is an uncaptured warm-up (compiles the graph)
     selected = [first + 2 * i for i in range(args.steps + 1)]
     capture = _MfCapture(train, dump_path, task, "host", steps=selected)
@@ -519,7 +550,10 @@ def graph_worker(args) -> dict:
         step += 2
     capture.close()
     timers.restore()
+    files, nbytes = _raw_step_sizes(dump_path)
+    floor = _write_floor(dump_path) if task == "tensor" else None
     return {
+        "write_floor": floor,
         "config": name,
         "backend": capture.backend,
         "cells": capture.cells,
@@ -540,6 +574,29 @@ def graph_worker(args) -> dict:
         "first_steps_s": {"plain (compile + warm-up)": compile_plain_s,
                           "captured (compile + 1 uncaptured + 1 captured)": compile_captured_s},
     }
+
+
+def _write_floor(dump_path: str, rounds: int = 3) -> dict:
+    """The floor of writing one captured step: the same bytes (the last raw step's ``.npy`` files, loaded
+    untimed) written by a plain loop of ``np.save`` into a folder of the same dump (same disk), fastest
+    of ``rounds``."""
+    import numpy as np
+
+    raw = os.path.join(dump_path, "_raw", "rank0")
+    folders = sorted((d for d in os.listdir(raw) if d.startswith("step")), key=lambda d: int(d[4:]))
+    folder = os.path.join(raw, folders[-1])
+    arrays = [np.load(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".npy")]
+    target = os.path.join(dump_path, "floor")
+    times = []
+    for _ in range(rounds):
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        t0 = time.perf_counter()
+        for i, array in enumerate(arrays):
+            np.save(os.path.join(target, f"{i}.npy"), array, allow_pickle=False)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    shutil.rmtree(target, ignore_errors=True)
+    return {"files": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)), "ms": min(times), "all_ms": times}
 
 
 # ---------------------------------------------------------------------------
@@ -807,6 +864,8 @@ def _run_worker(name: str, args) -> dict:
         str(args.inproc_baseline),
         "--seed",
         str(args.seed),
+        "--size",
+        args.size,
         "--result",
         out_json,
     ]
@@ -911,6 +970,23 @@ def _run_section(names, args) -> list:
     return results
 
 
+def _floor_text(results) -> str:
+    """Graph tensor task: the writer thread's file writing per step against the np.save floor of the same bytes."""
+    lines = []
+    for res in results:
+        floor = res.get("write_floor")
+        if not floor:
+            continue
+        label = "NpyFileWriter.write (open + writev + rename, writer thread)"
+        ours = (res.get("breakdown") or {}).get(label, {}).get("ms")
+        ratio = f", x{ours / floor['ms']:.2f} the floor" if ours else ""
+        lines.append(f"{res['config']}: writing floor (plain np.save loop of the last step's {floor['files']} files, "
+                     f"{floor['bytes'] / 1e6:.1f} MB, same disk, fastest of {len(floor['all_ms'])}): "
+                     f"{floor['ms']:.1f} ms; "
+                     f"the writer thread's writes per captured step (median): {ours or float('nan'):.1f} ms{ratio}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def _breakdown_text(results) -> str:
     """Per configuration: median ms per captured step inside each timed piece (nested pieces overlap)."""
     parts = []
@@ -965,7 +1041,7 @@ def driver(args) -> int:
                                    layers="TrainingQwen3ForCausalLM (mcore)", dtype="float32")
         table += ("\n\ntiny Qwen3 (mcore), capture vs no capture in the same process "
                   f"({args.steps} alternating steps after the first):\n\n" + capture_mcore.table(mcore_results))
-    stamp = started.strftime("%Y%m%d-%H%M%S")
+    stamp = started.strftime("%Y%m%d-%H%M%S") + ("" if args.size == "tiny" else f"-{args.size}")
     with open(os.path.join(args.out, f"capture-{stamp}.json"), "w") as handle:
         json.dump({"meta": meta, "results": results, "qwen3": mcore_results, "micro": micro}, handle, indent=1)
     text = "\n".join(
@@ -982,6 +1058,7 @@ def driver(args) -> int:
             table,
             "",
             _breakdown_text(results),
+            _floor_text(results),
             "captured per step (mf_celldump): "
             + "; ".join(
                 f"{r['config']}: {r.get('captured_per_step')}" for r in results if r.get("captured_per_step")
@@ -1015,6 +1092,8 @@ def main(argv=None) -> int:
         help="uncaptured steps measured in each capture worker before capture starts",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
+                        help="LLaMA section: tiny (hidden 128, seq 64) or large (hidden 512, seq 256, 8 heads)")
     parser.add_argument("--only", nargs="+", choices=CONFIGS + capture_mcore.CONFIGS,
                         help="run only these configurations")
     parser.add_argument("--section", choices=("all", "llama", "qwen3"), default="all",
@@ -1035,6 +1114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    _use_size(args.size)
     if args.worker:
         if args.worker == "micro":
             result = micro_worker(args)

@@ -1,11 +1,19 @@
 """Benchmark of processing: ours vs msprobe 26.2's own post-processing vs a read-once floor.
 
 For each size a LLaMA-like raw dump (forward and backward, inferred call numbers, ~16 KB
-float32 tensors) is written twice: in our raw format, and in the raw format msprobe's
-static-graph cell dump leaves behind (TensorDump names ``Cell.{name}.{Class}.{dir}.{io}.{i}_{dtype}_{id}.npy``
-under ``step{N}/rank0/dump_tensor_data``). Every measurement runs in its own process,
-``--repeat`` times interleaved (the fastest is reported: the machine may be shared);
-wall time and peak RSS (VmHWM of the process; ru_maxrss of its worker children) are reported.
+float32 tensors) is written twice: in our raw format, by the package's own raw writer
+(``synthetic_dump.py``), and in the raw format msprobe's static-graph cell dump leaves
+behind (TensorDump names ``Cell.{name}.{Class}.{dir}.{io}.{i}_{dtype}_{id}.npy`` under
+``step{N}/rank0/dump_tensor_data``). Processing consumes its input, so each of our runs
+gets a fresh copy of the raw dump (copied, untimed; a hard-linked copy is refused by
+processing, which accepts only files with one name). Every measurement runs in its own
+process, ``--repeat`` times interleaved (the fastest is reported: the machine may be
+shared); wall time and peak RSS (VmHWM of the process; ru_maxrss of its worker children)
+are reported.
+
+A last run measures memory against the size of ``records.jsonl``: a statistics dump
+whose records file is its valid lines repeated until it holds ``--records-mb`` MB
+(``--records-mb 0`` skips it), processed once; its peak RSS against the file's size.
 
 * ours      ``process_dump`` with ``jobs`` = CPU count (and with jobs=1)
 * floor     one process: ``np.load`` every raw file once + max/min/mean/norm, nothing else
@@ -13,8 +21,8 @@ wall time and peak RSS (VmHWM of the process; ru_maxrss of its worker children) 
             (rename_filename, generate_construct, generate_dump_info, generate_stack_info), called
             directly to leave out its fixed 0.5 s completion poll
 
-Run:  python bench/bench_processing.py            (default, < 10 min on 2 cores)
-      python bench/bench_processing.py --sizes 1000 --large 0 --work /tmp/x
+Run:  python bench/bench_processing.py            (default, about 10 min on 2 cores)
+      python bench/bench_processing.py --sizes 1000 --large 0 --records-mb 0 --work /tmp/x
 """
 
 from __future__ import annotations
@@ -30,11 +38,14 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
 
-from tests.support import formats as fmt  # noqa: E402
-from tests.support.rawdump_builder import Net, RawDumpBuilder, llama_net, write_llama_step  # noqa: E402
+import synthetic_dump as syn  # noqa: E402  (beside this file)
+
+from mf_celldump.rawformat.keys import BACKWARD, SLOT_ARG  # noqa: E402
 
 SMALL_SHAPE = (64, 64)  # 16 KiB of float32
 
@@ -64,9 +75,9 @@ class MsprobeWriter:
 
     def write(self, cell: int, direction: str, slot: str, array: np.ndarray):
         c = self.cells[cell]
-        is_input = (slot == fmt.SLOT_ARG) != (direction == fmt.BACKWARD)
+        is_input = (slot == SLOT_ARG) != (direction == BACKWARD)
         io = "input" if is_input else "output"
-        name = f"Cell.{c.name}.{c.cls}.{direction}.{io}.0_{array.dtype.name}_{self.seq}.npy"
+        name = f"Cell.{c.name}.{c.class_name}.{direction}.{io}.0_{array.dtype.name}_{self.seq}.npy"
         self.seq += 1
         np.save(os.path.join(self.dir, name), array)
 
@@ -74,63 +85,53 @@ class MsprobeWriter:
 def build(workdir: str, files: int, shape=SMALL_SHAPE, with_msprobe: bool = True, flat: bool = False) -> dict:
     """Write the raw dump(s); ``flat`` = ``files`` cells with one forward input each (large tensors)."""
     if flat:
-        return build_flat(workdir, files, shape, with_msprobe)
-    layers, calls = plan(files)
+        tree, calls, layers = syn.flat_tree(files), 1, files
+        order = list(syn.flat_order(tree))
+        arrays = [np.random.default_rng(0).standard_normal(shape).astype(np.float32)]
+    else:
+        layers, calls = plan(files)
+        tree = syn.llama_tree(layers)
+        order = list(syn.call_order(tree, calls))
+        rng = np.random.default_rng(0)
+        arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(32)]
     ours = os.path.join(workdir, "ours")
-    b = RawDumpBuilder(ours, task="tensor")
-    net: Net = llama_net(b, layers)
-    b.write_manifest()
-    rng = np.random.default_rng(0)
-    pool = [rng.standard_normal(shape).astype(np.float32) for _ in range(32)]
-    counter = [0]
-
-    def make(*_):
-        counter[0] += 1
-        return pool[counter[0] % len(pool)]
-
-    step = b.step(0)
-    written = write_llama_step(net, step, make, explicit_calls=False, calls=calls)
-    step.done(0)
-    info = {
-        "files": written,
-        "layers": layers,
-        "calls": calls,
-        "ours": ours,
-        "bytes": written * pool[0].nbytes,
-    }
+    dump = syn.SyntheticDump(ours, tree, task="tensor")
+    counter = iter(range(len(order)))
+    written = dump.write_step(0, order, lambda value: arrays[next(counter) % len(arrays)])
+    dump.close()
+    info = {"files": written, "layers": layers, "calls": calls, "ours": ours, "bytes": written * arrays[0].nbytes}
     if with_msprobe:
-        mdir = os.path.join(workdir, "msprobe")
-        writer = MsprobeWriter(mdir, b.cells)
-        counter[0] = 0
-
-        class Tap:  # replays the same call sequence into msprobe's naming
-            path = ""
-
-            def tensor(self, cell, direction, slot, path, array, call=None):
-                writer.write(cell, direction, slot, array)
-
-        write_llama_step(net, Tap(), make, explicit_calls=False, calls=calls)
-        info["msprobe"] = mdir
-    return info
-
-
-def build_flat(workdir: str, files: int, shape, with_msprobe: bool) -> dict:
-    ours = os.path.join(workdir, "ours")
-    b = RawDumpBuilder(ours, task="tensor")
-    cells = [b.cell(f"model.layers.{i}", "LLamaDecodeLayer", ("x",)) for i in range(files)]
-    b.write_manifest()
-    array = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    step = b.step(0)
-    writer = MsprobeWriter(os.path.join(workdir, "msprobe"), b.cells) if with_msprobe else None
-    for cell in cells:
-        step.tensor(cell, fmt.FORWARD, fmt.SLOT_ARG, (0,), array)
-        if writer is not None:
-            writer.write(cell, fmt.FORWARD, fmt.SLOT_ARG, array)
-    step.done(0)
-    info = {"files": files, "layers": files, "calls": 1, "ours": ours, "bytes": files * array.nbytes}
-    if writer is not None:
+        writer = MsprobeWriter(os.path.join(workdir, "msprobe"), tree.cells)
+        for n, (cell, direction, slot, _call) in enumerate(order):
+            writer.write(cell, direction, slot, arrays[n % len(arrays)])
         info["msprobe"] = os.path.join(workdir, "msprobe")
     return info
+
+
+def build_records(workdir: str, layers: int, mb: int, distinct: bool = False) -> dict:
+    """A statistics dump of a LLaMA-like step whose records file is its valid lines repeated up to ``mb`` MB;
+    ``distinct``: as many calls (micro-batches) as make ``mb`` MB of lines, every line a value of its own."""
+    path = os.path.join(workdir, "records")
+    tree = syn.llama_tree(layers)
+    array = np.random.default_rng(0).standard_normal(SMALL_SHAPE).astype(np.float32)
+    calls = 1
+    if distinct:
+        probe = syn.SyntheticDump(os.path.join(workdir, "probe"), tree, task="statistics")
+        probe.write_step(0, syn.call_order(tree), lambda value: array)
+        probe.close()
+        calls = max(1, round(mb * 10**6 / os.path.getsize(syn.records_path(os.path.join(workdir, "probe")))))
+        shutil.rmtree(os.path.join(workdir, "probe"))
+    dump = syn.SyntheticDump(path, tree, task="statistics")
+    values = dump.write_step(0, syn.call_order(tree, calls), lambda value: array)
+    dump.close()
+    records = syn.records_path(path)
+    with open(records, "rb") as handle:
+        lines = handle.read()
+    with open(records, "ab") as handle:
+        while handle.tell() < mb * 10**6:
+            handle.write(lines)
+    return {"path": path, "values": values, "records_bytes": os.path.getsize(records),
+            "lines": os.path.getsize(records) // len(lines) * values}
 
 
 # ---------------------------------------------------------------------------
@@ -138,18 +139,19 @@ def build_flat(workdir: str, files: int, shape, with_msprobe: bool) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def child_ours(path: str, jobs: int) -> dict:
+def child_ours(path: str, jobs: int, must_be_ok: bool = True) -> dict:
     from mf_celldump.processing.driver import process_dump
 
     start = time.perf_counter()
     report = process_dump(path, jobs=jobs)
     elapsed = time.perf_counter() - start
-    assert report.ok, report.summary()
-    return {"seconds": elapsed, "entries": report.entries, "files": report.files}
+    assert report.ok or not must_be_ok, report.summary()
+    return {"seconds": elapsed, "entries": report.entries, "files": report.files,
+            "problems": len(report.all_problems), "problem_sample": report.all_problems[:3]}
 
 
 def child_floor(path: str) -> dict:
-    step_dir = os.path.join(path, fmt.RAW_ROOT, "rank0", "step0")
+    step_dir = os.path.join(path, "_raw", "rank0", "step0")
     start = time.perf_counter()
     count = 0
     for entry in os.scandir(step_dir):
@@ -205,6 +207,8 @@ def run_child(mode: str, *args, timeout: float = 3600) -> dict:
 def child_main(mode: str, args) -> None:
     if mode == "ours":
         result = child_ours(args[0], int(args[1]))
+    elif mode == "ours_records":
+        result = child_ours(args[0], int(args[1]), must_be_ok=False)
     elif mode == "floor":
         result = child_floor(args[0])
     elif mode == "msprobe":
@@ -222,14 +226,10 @@ def child_main(mode: str, args) -> None:
 # ---------------------------------------------------------------------------
 
 
-def link_copy(src: str, dst: str) -> str:
-    """A copy of a raw dump made of hard links (fast; processing never modifies a raw file's content)."""
+def fresh_copy(src: str, dst: str) -> str:
+    """A copy of a raw dump for one run (processing consumes its input; a hard-linked copy is refused)."""
     shutil.rmtree(dst, ignore_errors=True)
-    for folder, _, files in os.walk(src):
-        target = os.path.join(dst, os.path.relpath(folder, src))
-        os.makedirs(target, exist_ok=True)
-        for name in files:
-            os.link(os.path.join(folder, name), os.path.join(target, name))
+    shutil.copytree(src, dst)
     return dst
 
 
@@ -260,7 +260,7 @@ def measure(
     for _ in range(repeat):  # interleaved, so a burst of outside load hits every mode alike
         runs["floor"].append(run_child("floor", info["ours"]))
         for j in sorted({1, jobs}):
-            run_dir = link_copy(info["ours"], os.path.join(workdir, f"ours-run{j}"))
+            run_dir = fresh_copy(info["ours"], os.path.join(workdir, f"ours-run{j}"))
             runs.setdefault(f"ours_j{j}", []).append(run_child("ours", run_dir, j))
             shutil.rmtree(run_dir, ignore_errors=True)
     row.update({mode: best(results) for mode, results in runs.items()})
@@ -268,6 +268,28 @@ def measure(
         row["msprobe"] = run_child("msprobe", info["msprobe"])
     shutil.rmtree(workdir, ignore_errors=True)
     return row
+
+
+def measure_records(workdir: str, mb: int, layers: int, jobs: int) -> dict:
+    """Peak RSS of processing a step whose records file holds its lines once, then repeated up to ``mb`` MB."""
+    row = {"label": f"records.jsonl repeated to {mb} MB", "layers": layers}
+    for label, size, distinct in (("once", 0, False), ("repeated", mb, False), ("distinct", mb, True)):
+        info = build_records(os.path.join(workdir, label), layers, size, distinct)
+        run = run_child("ours_records", fresh_copy(info["path"], os.path.join(workdir, f"{label}-run")), jobs)
+        row[label] = dict(run, records_mib=info["records_bytes"] / 2**20, lines=info["lines"], values=info["values"])
+        shutil.rmtree(os.path.join(workdir, label), ignore_errors=True)
+        shutil.rmtree(os.path.join(workdir, f"{label}-run"), ignore_errors=True)
+    return row
+
+
+def records_table(row: dict) -> list:
+    lines = ["| records.jsonl | lines | values | seconds | problems | peak RSS | RSS / file |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for label in ("once", "repeated", "distinct"):
+        r = row[label]
+        lines.append(f"| {r['records_mib']:.1f} MiB ({label}) | {r['lines']} | {r['values']} | {r['seconds']:.2f} "
+                     f"| {r['problems']} | {r['rss_mib']:.0f} MiB | {r['rss_mib'] / r['records_mib']:.2f} |")
+    return lines
 
 
 def _cell(r: dict, n: int, floor: float) -> str:
@@ -297,10 +319,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", default="1000,10000,100000", help="file counts of the small-tensor runs")
+    parser.add_argument("--sizes", default="1000,10000,30000", help="file counts of the small-tensor runs")
     parser.add_argument("--msprobe-max", type=int, default=10000, help="largest size msprobe is run on")
     parser.add_argument("--large", type=int, default=4, help="files of the large-tensor run (0: skip)")
     parser.add_argument("--large-mib", type=int, default=256, help="size of each large tensor in MiB")
+    parser.add_argument("--records-mb", type=int, default=490,
+                        help="memory run: records.jsonl repeated up to this many MB (0: skip)")
+    parser.add_argument("--records-layers", type=int, default=20, help="layers of the memory run's network")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
         "--repeat",
@@ -317,6 +342,7 @@ def main() -> None:
         child_main(args.child[0], args.child[1:])
         return
     os.makedirs(args.work, exist_ok=True)
+    load_start = os.getloadavg()
     rows = []
     for size in (int(s) for s in args.sizes.split(",") if s):
         print(f"... {size} small files", file=sys.stderr, flush=True)
@@ -330,6 +356,13 @@ def main() -> None:
                         args.large, (elements,), 10**9, args.jobs, args.repeat, flat=True)  # fmt: skip
         rows.append(large)
     lines = table(rows, args.jobs)
+    if args.records_mb:
+        print(f"... records.jsonl of {args.records_mb} MB", file=sys.stderr, flush=True)
+        records = measure_records(os.path.join(args.work, "records"), args.records_mb, args.records_layers, args.jobs)
+        rows.append(records)
+        lines += ["", *records_table(records)]
+    lines.insert(0, f"date: {time.strftime('%Y-%m-%d %H:%M:%S')}, command: {' '.join([sys.executable] + sys.argv)}, "
+                    f"load average at the start: {load_start[0]:.2f} (1 min), {load_start[1]:.2f} (5 min)")
     print("\n".join(lines))
     if args.save:
         os.makedirs(args.save, exist_ok=True)

@@ -12,7 +12,8 @@ uncaptured phase, all side by side:
                worker process works while the next steps train
 
 After each step's train call, a raw capture of the step (``--mb`` MiB of float32 tensors
-in our raw format, LLaMA-like names, ``tests/support/rawdump_builder.py``) is written and marked
+in our raw format, LLaMA-like names, written by the package's raw writer: ``synthetic_dump.py``) is
+written and marked
 complete *outside* the timed region: capture cost is measured by ``bench_capture.py``; here
 only processing is. The uncaptured phases write it too and keep it until the phase ends,
 so every phase has the same pause between steps (on a loaded machine a process that
@@ -51,8 +52,7 @@ sys.path.insert(0, HERE)
 
 import bench_capture  # noqa: E402  (the bench model: _build, _batches, _sync, MODEL)
 import numpy as np  # noqa: E402
-
-from tests.support.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step  # noqa: E402
+import synthetic_dump as syn  # noqa: E402
 
 COLUMNS = 1024
 LAYERS = 2  # 27 cells x (forward in/out + backward in/out) = 108 tensors per step
@@ -62,21 +62,18 @@ class RawSteps:
     """Writes one complete raw step of about ``mb`` MiB in our raw format (untimed)."""
 
     def __init__(self, dump_path: str, mb: int):
-        self.builder = RawDumpBuilder(dump_path, task="tensor")
-        self.net = llama_net(self.builder, LAYERS)
-        self.builder.write_manifest()
-        self.tensors = 4 * len(self.builder.cells)
+        self.tree = syn.llama_tree(LAYERS)
+        self.dump = syn.SyntheticDump(dump_path, self.tree, task="tensor")
+        self.tensors = 4 * len(self.tree.cells)
         rows = max(1, mb * 2**20 // self.tensors // 4 // COLUMNS)
         self.array = (np.arange(rows * COLUMNS, dtype=np.float32).reshape(rows, COLUMNS) % 97) / 97
         self.bytes = self.array.nbytes * self.tensors
 
     def write(self, step: int) -> None:
-        writer = self.builder.step(step)
-        write_llama_step(self.net, writer, lambda *_: self.array)
-        writer.done(step)
+        self.dump.write_step(step, syn.call_order(self.tree), lambda value: self.array, explicit_calls=True)
 
     def remove(self, step: int) -> None:
-        shutil.rmtree(self.builder.step(step).path)
+        self.dump.remove_step(step)
 
 
 def _remove_outputs(dump_path: str) -> None:

@@ -22,6 +22,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+EXAMPLES = os.path.join(REPO, "examples")
 
 CONFIGS = ["qwen3_pynative_tensor", "qwen3_pynative_statistics", "qwen3_graph_tensor", "qwen3_graph_statistics"]
 MODEL = dict(seq_length=64, max_position_embeddings=64, hidden_size=128, num_hidden_layers=4,
@@ -31,15 +32,15 @@ BATCH = 2
 
 def _networks(mode: str, seed: int):
     """(plain train cell, train cell to capture): two tiny Qwen3 with the same initial weights."""
-    from tests.support import mcore_models
+    import tiny_mcore  # examples/tiny_mcore.py
 
-    return mcore_models.twin_train_cells("qwen3", mode, seed, MODEL)
+    return tiny_mcore.twin_train_cells("qwen3", mode, seed, MODEL)
 
 
 def _batches(count: int, seed: int):
-    from tests.support import mcore_models
+    import tiny_mcore
 
-    return mcore_models.token_batches(count, BATCH, MODEL["seq_length"], MODEL["vocab_size"], seed)
+    return tiny_mcore.token_batches(count, BATCH, MODEL["seq_length"], MODEL["vocab_size"], seed)
 
 
 def _step(train, batch, sync, dump=None, step=None) -> tuple:
@@ -106,5 +107,6 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+for _path in (REPO, EXAMPLES):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)

@@ -74,13 +74,18 @@ class StepEnd:
     and whether it completed (False: training failed in it, its raw data stays unmarked).
 
     ``written_later``: MindSpore writes the step's raw files after the step (graph-mode
-    TensorDump); wait for them (``integrations.captured.wait_for_files``) before processing.
+    TensorDump), for as long as it takes. ``marked_later``: the raw writer's thread writes
+    the step's last files and then its step marker, beside the next step (``CellDump.detach``
+    and ``wait_written`` wait for it). Either way the folder is complete once its step marker
+    is there: wait for it (``integrations.captured.wait_for_files``,
+    ``processing.async_steps.wait_for_steps``) before processing.
     """
 
     step: int
     captured: bool
     completed: bool
     written_later: bool = False
+    marked_later: bool = False
 
 
 def detect_rank() -> tuple:
@@ -327,7 +332,8 @@ class CellDump:
         return ended
 
     def end_step(self) -> Optional[StepEnd]:
-        """The running step's outputs are materialised: flush, mark its raw data complete.
+        """The running step's outputs are materialised: hand its last values to the writer, which
+        marks the step complete after its last file (see ``StepEnd.marked_later``).
 
         Every step that began is ended in the backend too, captured or not: graph-mode
         backends move MindSpore's step counters there.
@@ -343,9 +349,16 @@ class CellDump:
         self._running = None
         if captured:
             if not self.writes_later:
-                self.writer.finish_step(step)
+                self.writer.complete_step(step)  # by the writer thread, after the step's files: no wait here
             self.captured_steps.append(step)
-        return StepEnd(step, captured, completed=True, written_later=captured and self.writes_later)
+        return StepEnd(step, captured, completed=True, written_later=captured and self.writes_later,
+                       marked_later=captured and not self.writes_later)
+
+    def wait_written(self) -> None:
+        """Wait until everything captured so far is on disk and its steps are marked complete
+        (the raw writer works beside training); raises the first write failure since the last wait."""
+        if self.writer is not None:
+            self.writer.flush()
 
     def abort_step(self) -> Optional[StepEnd]:
         """Stop the running step without marking it complete (training failed in it).

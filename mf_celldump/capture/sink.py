@@ -9,14 +9,13 @@ MindSpore runs them on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.rawformat.keys import ProbeKey, plain_value
 from mf_celldump.rawformat.writer import RawWriter
-from mf_celldump.statistics import compute_statistics
 
 
 @dataclass
@@ -36,10 +35,3 @@ class RawSink:
     def tensor(self, key: ProbeKey, array: np.ndarray, dtype_name: str) -> None:
         """A whole tensor as a raw ``.npy`` file (``dtype_name`` numpy-style, ``bfloat16`` allowed)."""
         self.writer.write_tensor(self.runtime.step, key, array, dtype_name, self.runtime.next_seq())
-
-    def statistics_of(self, key: ProbeKey, dtype: str, array: np.ndarray, names: Sequence[str]) -> None:
-        """Statistics of a host array, computed on the writer's thread (the writer keeps ``array``)."""
-        shape = list(array.shape)
-        self.writer.append_computed_record(
-            self.runtime.step, key, self.runtime.next_seq(),
-            lambda: {"dtype": dtype, "shape": shape, "stats": compute_statistics(array, names)}, array.nbytes)

@@ -9,8 +9,9 @@ one way (``CellDumpCallback`` does the same through ``TrainingRun``)::
     dump.detach()
     report = mf_celldump.process_captured(dump)
 
-Steps whose files MindSpore writes after the step (graph-mode TensorDump) are waited for
-first; the report names those still missing then.
+Captured files are written beside training (the raw writer's thread; MindSpore's for
+graph-mode TensorDump): both functions wait for them first; the report names steps still
+missing then.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def wait_for_files(dump, steps: Optional[Sequence[int]] = None, timeout: Optiona
     from mf_celldump.processing import async_steps
 
     wanted = list(_unprocessed(dump) if steps is None else steps)
+    if dump.attached:
+        dump.wait_written()  # our writer's files and step markers (a detached dump's are all written)
     if not dump.writes_later or not wanted:
         return async_steps.StepsWait(ready=wanted)
     return async_steps.wait_for_steps(dump.dump_path, dump.rank, wanted, timeout=timeout)
@@ -95,10 +98,9 @@ def process_captured(dump, steps: Optional[Sequence[int]] = None, observer=None,
     silent = _writes_nothing(dump)
     if silent is not None:  # legal configuration: say so instead of "no dump here"
         return ProcessingReport(dump.dump_path, warnings=[silent])
-    waited = wait_for_files(dump, steps, timeout) if dump.writes_later else None
+    waited = wait_for_files(dump, steps, timeout)
     report = process_dump(dump.dump_path, steps=steps, ranks=[dump.rank], jobs=dump.config.jobs,
                           only_complete=True, observer=observer)
-    if waited is not None:
-        report.problems.extend(waited.problems(dump.rank))
+    report.problems.extend(waited.problems(dump.rank))
     report.warnings.extend(discard_unselected(dump, timeout))
     return report

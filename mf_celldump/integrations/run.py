@@ -141,6 +141,8 @@ class TrainingRun:
         if ended.written_later:
             self.written_later = True
             wait_s = self._wait_s()
+        elif ended.marked_later:  # our writer's thread marks it within moments (detach waits for it)
+            wait_s = self._wait_s()
         self._step_processor().submit([ended.step], wait_s)  # the only processing work on the step path
 
     def _wait_s(self, failed: bool = False) -> float:

@@ -1,10 +1,10 @@
-"""Waiting for raw steps that MindSpore writes after the step (graph-mode TensorDump).
+"""Waiting for raw steps whose files are written after the step has ended.
 
-MindSpore's TensorDump writes files from one host thread, in place, after the step has
-run (``mbuf_receive_manager.cc`` ``MbufDataHandler``, ``tensordump_utils.cc``
-``SaveTensor2NPY``). A step folder is complete once the step-done marker sent after
-the step is in it (``rawformat.markers``): until then a file there may be missing or
-half written, so nothing reads it. ``wait_for_steps`` polls folder listings only, with
+MindSpore's TensorDump (graph mode) writes files from one host thread, in place, after
+the step has run (``mbuf_receive_manager.cc`` ``MbufDataHandler``, ``tensordump_utils.cc``
+``SaveTensor2NPY``); our own raw writer writes from its thread beside training. A step
+folder is complete once its step marker is in it (``rawformat.markers``): until then a
+file there may be missing or half written, so nothing reads it. ``wait_for_steps`` polls folder listings only, with
 a deadline, and says what is still missing; it needs nothing from the training
 process, so it can run in any process.
 """
@@ -58,6 +58,10 @@ def _missing(rank_dir: str, manifest: Manifest, step: int, waited: float) -> str
     folder = os.path.join(rank_dir, names.step_dir_name(manifest.folder_step(step)))
     count = _count_files(folder)
     there = f"{count} tensor files there so far" if count >= 0 else "the folder does not exist"
+    if not manifest.written_later:
+        return (f"not marked complete after {waited:.0f} s: no {names.STEP_DONE_FILE} in {folder} ({there}); a write "
+                "of the step failed (the training log says which) or the run stopped before it was written; the raw "
+                "data stays for `mf-celldump process`")
     return (f"MindSpore had not finished writing its TensorDump files after {waited:.0f} s: no step-done marker "
             f"{names.td_done_stem(step)}_*.npy in {folder} ({there}); the raw data stays for "
             f"`mf-celldump process` (a selected step MindSpore never reached, or another sender of TensorDump's "
@@ -67,7 +71,7 @@ def _missing(rank_dir: str, manifest: Manifest, step: int, waited: float) -> str
 def wait_for_steps(dump_path: str, rank: int, steps: Iterable[int], timeout: Optional[float] = None,
                    progress: Optional[Progress] = None, show_bar: Optional[bool] = None,
                    include_unselected: bool = False) -> StepsWait:
-    """Wait up to ``timeout`` seconds until MindSpore has written each of ``steps`` (not yet processed) of ``rank``.
+    """Wait up to ``timeout`` seconds until each of ``steps`` (not yet processed) of ``rank`` is complete on disk.
 
     ``progress`` is called after each poll; ``show_bar`` None shows a tqdm bar on a terminal
     once the wait has lasted 2 s. Never raises for a missing step: it is named in the result.
@@ -77,16 +81,18 @@ def wait_for_steps(dump_path: str, rank: int, steps: Iterable[int], timeout: Opt
     rank_dir = os.path.join(dump_path, names.RAW_ROOT, names.rank_dir_name(rank))
     wanted = sorted(set(steps))
     try:
-        manifest = load_manifest(os.path.join(rank_dir, names.MANIFEST_FILE), os.path.realpath(dump_path))
+        root_real = os.path.realpath(dump_path)
+        manifest = load_manifest(os.path.join(rank_dir, names.MANIFEST_FILE), root_real)
     except ManifestError as err:
         return StepsWait([], {step: f"cannot wait for its files: {err}" for step in wanted})
     start = last_log = time.monotonic()
     interval, ready = FIRST_POLL_S, set()
-    bar = tqdm(total=len(wanted), unit="step", desc=f"rank {rank}: waiting for MindSpore's TensorDump files",
+    writer = "MindSpore's TensorDump files" if manifest.written_later else "captured files"
+    bar = tqdm(total=len(wanted), unit="step", desc=f"rank {rank}: waiting for {writer}",
                delay=2, leave=False, disable=True if show_bar is False else None)
     try:
         while True:
-            written = markers.written_steps(rank_dir, include_unselected)
+            written = markers.written_steps(rank_dir, manifest, root_real, include_unselected)
             now_ready = {s for s in wanted if s in written}
             bar.update(len(now_ready - ready))
             ready = now_ready
@@ -97,8 +103,8 @@ def wait_for_steps(dump_path: str, rank: int, steps: Iterable[int], timeout: Opt
                 break
             if time.monotonic() - last_log >= LOG_INTERVAL_S:
                 last_log = time.monotonic()
-                logger.info("rank %d: waiting for MindSpore's TensorDump files: %d of %d steps written after %.0f s",
-                            rank, len(ready), len(wanted), waited)
+                logger.info("rank %d: waiting for %s: %d of %d steps written after %.0f s",
+                            rank, writer, len(ready), len(wanted), waited)
             time.sleep(min(interval, max(timeout - waited, 0.0)))
             interval = min(interval * 1.5, MAX_POLL_S)
     finally:

@@ -48,6 +48,7 @@ from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.scan import StepSource, list_step_files, step_folder_digest
 
 logger = logging.getLogger(__name__)
+MAX_NAMED_REPEATS = 20  # "a second capture" problems named one by one per step; the rest are counted
 
 
 @dataclass
@@ -129,6 +130,8 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
     entries = group_entries(captures, ctx.manifest.cells, problems)
     link_parents(entries)
     safe = []
+    repeated: List[str] = []  # "a second capture" problems: the first few named, then the first unnamed one
+    unnamed = 0
     for entry in entries:
         try:
             fsutil.check_component(entry.name)
@@ -145,8 +148,11 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
             io, label = msprobe_json.io_label_of(capture, entry.cell)
             first = seen.get((io, label))
             if first is not None:
-                problems.append(f"{capture.origin}: a second capture of {entry.name}.{io}.{label} "
-                                f"(first: {first.origin}); not used, raw data kept")
+                if len(repeated) <= MAX_NAMED_REPEATS:
+                    repeated.append(capture.origin if len(repeated) == MAX_NAMED_REPEATS else
+                                    f"{capture.origin}: a second capture of {entry.name}.{io}.{label} "
+                                    f"(first: {first.origin}); not used, raw data kept")
+                unnamed += len(repeated) > MAX_NAMED_REPEATS
                 continue
             try:
                 capture.data_name = fsutil.check_component(msprobe_json.data_name_of(entry.name, io, label))
@@ -154,6 +160,10 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
                 problems.append(f"{capture.origin}: {err}; not used")
                 continue
             seen[(io, label)] = capture
+    problems.extend(repeated[:MAX_NAMED_REPEATS])
+    if unnamed:
+        problems.append(f"{unnamed} more second captures not used, not listed (the first at {repeated[-1]}); raw data "
+                        "kept")
     return safe
 
 

@@ -254,7 +254,7 @@ def handle(request: Request, channel: Channel, inbox: Inbox) -> None:
     started, cpu_started = time.monotonic(), time.process_time()
     try:
         waited = None
-        if request.wait_s > 0:  # graph-mode TensorDump: MindSpore writes the files after the step
+        if request.wait_s > 0:  # the step's files are written beside training (our writer, MindSpore's TensorDump)
             waited = wait_for_steps(request.dump_path, request.rank, request.steps, timeout=request.wait_s,
                                     show_bar=False)
         report = process_dump(request.dump_path, steps=request.steps, ranks=[request.rank], jobs=request.jobs,

@@ -142,20 +142,24 @@ def raw_folder_state(manifest: Manifest, folder_step: int, folder: str, root_rea
     return FolderState(step, done.complete, refused, done.fields)
 
 
-def written_steps(rank_dir: str, include_unselected: bool = False) -> Dict[int, str]:
-    """Global step -> raw folder, for every step folder of ``rank_dir`` that holds a step-done marker file
-    (with ``include_unselected``, also the marker of a step written but not selected)."""
+def written_steps(rank_dir: str, manifest: Manifest, root_real: str,
+                  include_unselected: bool = False) -> Dict[int, str]:
+    """Global step -> raw folder, for every step folder of ``rank_dir`` that is finished: it holds its step
+    marker (``_step_done.json``, or MindSpore's step-done file for graph-mode TensorDump), or a marker that
+    processing will refuse and name (waiting longer would not change it). With ``include_unselected``, also
+    a step MindSpore wrote although it was not selected."""
     found: Dict[int, str] = {}
     try:
         entries = list(os.scandir(rank_dir))
     except OSError:
         return found
     for entry in entries:
-        if names.parse_step_dir_name(entry.name) is None or not entry.is_dir(follow_symlinks=False):
+        folder_step = names.parse_step_dir_name(entry.name)
+        if folder_step is None or not entry.is_dir(follow_symlinks=False):
             continue
-        step, selected = _tensordump_marker(entry.path)
-        if step is not None and (selected or include_unselected):
-            found[step] = entry.path
+        state = raw_folder_state(manifest, folder_step, entry.path, root_real)
+        if (state.complete or state.refused) and (include_unselected or not state.discard):
+            found[state.step] = entry.path
     return found
 
 

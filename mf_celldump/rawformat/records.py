@@ -4,6 +4,11 @@ The capture side appends whole lines (``encode_record``); processing reads them 
 (``read_records``). The file is append-only and may end in a torn line when the run was
 killed while writing; that line is reported as a warning and skipped. A bad line
 elsewhere is a problem (the raw step is then kept) but never stops the other lines.
+
+Reading costs memory for the values a file holds, never for its repetitions or its
+garbage: every captured value has its own ``seq``, so a line whose ``seq`` an earlier
+line had is a repeat, named as a problem and not kept; and at most ``MAX_NAMED_PROBLEMS``
+problem lines are named one by one, the rest counted in one more line.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ FIELDS = {
     "value": "non-tensor records: the value (int, float, bool or null)",
 }
 MAX_LINE_BYTES = 1 << 20  # a record is a few hundred bytes; anything longer is not ours
+MAX_NAMED_PROBLEMS = 20  # problem lines named per file; the others are counted
 
 
 def encode_record(key: ProbeKey, seq: int, **payload: Any) -> str:
@@ -55,6 +61,21 @@ class RecordsRead:
     warnings: List[str] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
     size: int = 0
+    unnamed: int = 0  # problem lines beyond MAX_NAMED_PROBLEMS
+    first_unnamed: str = ""
+
+    def problem(self, text: str, origin: str) -> None:
+        if len(self.problems) < MAX_NAMED_PROBLEMS:
+            self.problems.append(text)
+            return
+        self.unnamed += 1
+        self.first_unnamed = self.first_unnamed or origin
+
+    def finish(self, path: str) -> RecordsRead:
+        if self.unnamed:
+            self.problems.append(f"{path}: {self.unnamed} more unusable or repeated line(s), not listed (the first at "
+                                 f"{self.first_unnamed})")
+        return self
 
 
 def _int(value: Any) -> Optional[int]:
@@ -111,29 +132,38 @@ def read_records(data: bytes, path: str, first_order: int) -> RecordsRead:
 
 
 def read_records_stream(handle, path: str, first_order: int) -> RecordsRead:
-    """Like ``read_records``, reading a binary file line by line: memory stays at one line.
+    """Like ``read_records``, reading a binary file line by line: memory stays at one line, plus one small
+    capture per value (see the module docstring).
 
     A line longer than ``MAX_LINE_BYTES`` is skipped unread (a problem); a last line
     without its newline that does not parse is a torn write (a warning).
     """
     out = RecordsRead()
+    first_line: Dict[int, int] = {}  # seq -> the line that gave it
     if not isinstance(handle, io.BufferedIOBase):
         handle = io.BufferedReader(handle, 1 << 16)
     for number, raw, complete in _lines(handle, out):
         origin = f"{path}:{number}"
         if raw is None:
-            out.problems.append(f"{origin}: unusable record (line longer than {MAX_LINE_BYTES} bytes)")
+            out.problem(f"{origin}: unusable record (line longer than {MAX_LINE_BYTES} bytes)", origin)
             continue
         if not raw.strip():
             continue
         try:
-            out.captures.append(decode_record(json.loads(raw), origin, first_order + number))
+            capture = decode_record(json.loads(raw), origin, first_order + number)
         except (ValueError, RecursionError) as err:
             if not complete:
                 out.warnings.append(f"{origin}: torn last line skipped (the run stopped while writing it)")
             else:
-                out.problems.append(f"{origin}: unusable record ({str(err)[:200]})")
-    return out
+                out.problem(f"{origin}: unusable record ({str(err)[:200]})", origin)
+            continue
+        earlier = first_line.setdefault(capture.seq, number)
+        if earlier != number:
+            out.problem(f"{origin}: repeats seq {capture.seq} of line {earlier} (every value has its own); not used",
+                        origin)
+            continue
+        out.captures.append(capture)
+    return out.finish(path)
 
 
 def _lines(handle, out: RecordsRead):

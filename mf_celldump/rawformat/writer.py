@@ -3,28 +3,30 @@
 Everything written here is readable after a kill at any moment: tensors go to a
 temporary name and are renamed, records are whole lines flushed one at a time (a torn
 last line is detected by processing), the manifest and step markers are atomic.
-Tensors and records are written by one thread beside training (``writer_thread``),
-in the order they were handed over; a step's marker is written once they all are. Steps
-are given as global steps; the manifest's step numbering says which raw folder holds
-them (graph-mode TensorDump folders follow the graph's own step counter).
+Tensors, records and step markers are written by one thread beside training
+(``writer_thread``), in the order they were handed over: a step's marker comes after
+every file of the step, and is left out when one of them failed, so training never
+waits for the disk. Steps are given as global steps; the manifest's step numbering says
+which raw folder holds them (graph-mode TensorDump folders follow the graph's own step
+counter).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import threading
 import time
-from typing import Callable, Dict, Optional, TextIO
+from typing import Callable, Dict, List, Optional, TextIO, Tuple
 
 import numpy as np
 
-from mf_celldump.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir, open_append, safe_join
+from mf_celldump.fsutil import atomic_write_json, ensure_dir, open_append, safe_join
 from mf_celldump.rawformat import names
 from mf_celldump.rawformat.keys import ProbeKey
 from mf_celldump.rawformat.manifest import Manifest, write_manifest
 from mf_celldump.rawformat.markers import write_step_done
+from mf_celldump.rawformat.npy_files import NpyFileWriter, c_order_data, numpy_data, numpy_header, tensordump_header
 from mf_celldump.rawformat.records import encode_record
 from mf_celldump.rawformat.writer_thread import WriterThread
 
@@ -48,6 +50,8 @@ class RawWriter:
         self._step_dirs: Dict[int, str] = {}
         self._lock = threading.Lock()
         self._thread = WriterThread(f"mf_celldump-writer-rank{rank}", inline=not self.background)
+        self._files = NpyFileWriter()
+        self._failures_seen = 0  # the thread's failure count when the last step marker was due
 
     # -- layout --------------------------------------------------------------------
     def write_manifest(self, manifest: Manifest) -> None:
@@ -114,12 +118,26 @@ class RawWriter:
 
     # -- writing -------------------------------------------------------------------
     def write_tensor(self, step: int, key: ProbeKey, array: np.ndarray, dtype_name: str, seq: int) -> None:
-        """Save ``array`` under its raw name, atomically, on the writer thread.
+        """Save ``array`` under its raw name, atomically, on the writer thread (the bytes of ``np.save``).
 
         The writer keeps ``array`` until it is saved: the caller must not change it.
         """
         path = os.path.join(self.step_dir(step), names.raw_tensor_file_name(key, dtype_name, seq))
-        self._thread.submit(lambda: _save_npy(path, array), array.nbytes)
+        self._thread.submit(lambda: self._files.write(path, [numpy_header(array), numpy_data(array)]), array.nbytes)
+
+    def write_tensordump_files(self, step: int, files: List[Tuple[ProbeKey, np.ndarray, str, int, object]]) -> None:
+        """The files ``ops.TensorDump`` writes, ``(key, array, dtype name, id, keep)`` each: under the raw name of
+        ``key``, with TensorDump's header and bytes, atomically, by one job of the writer thread (one hand-over
+        for a whole flush). ``keep`` (the tensor ``array`` views) lives until then."""
+        folder = self.step_dir(step)
+        jobs = [(os.path.join(folder, names.raw_tensor_file_name(key, dtype, seq)), array, keep)
+                for key, array, dtype, seq, keep in files]
+
+        def job():
+            for path, array, _kept in jobs:
+                self._files.write(path, [tensordump_header(array), c_order_data(array)])
+
+        self._thread.submit(job, sum(array.nbytes for _, array, _ in jobs))
 
     def append_record(self, step: int, key: ProbeKey, seq: int, **payload) -> None:
         folder = self.step_dir(step)
@@ -144,14 +162,26 @@ class RawWriter:
         """Wait until everything handed over is written; raises the first write failure since the last call."""
         self._thread.drain()
 
-    def finish_step(self, step: int, extra: Optional[dict] = None) -> None:
-        """Wait for the step's writes, close its record file and mark the step complete."""
-        self.flush()
+    def complete_step(self, step: int, extra: Optional[dict] = None) -> None:
+        """Close the step's record file and mark the step complete once everything handed over is written.
+
+        Returns at once: the writer thread does it after the step's last file. If a write of
+        the step failed, the step is not marked (its raw data stays for ``mf-celldump process``,
+        which reports it) and the failure is raised by the next ``flush``.
+        """
+        path = self.step_dir(step)
+        self._thread.submit(lambda: self._mark_complete(step, path, extra))
+
+    def _mark_complete(self, step: int, path: str, extra: Optional[dict]) -> None:
         with self._lock:
             handle = self._records.pop(step, None)
         if handle is not None:
             handle.close()
-        path = self.step_dir(step)
+        failures, self._failures_seen = self._thread.failures - self._failures_seen, self._thread.failures
+        if failures:
+            logger.error("raw data of step %d is not marked complete: %d write(s) failed (see above); it stays in "
+                         "%s", step, failures, path)
+            return
         if os.path.isdir(path):
             fields = {"task": self.manifest.task} if self.manifest is not None else {}
             fields.update(extra or {})
@@ -163,11 +193,3 @@ class RawWriter:
             handles, self._records = list(self._records.values()), {}
         for handle in handles:
             handle.close()
-
-
-def _save_npy(path: str, array: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.save(buffer, np.asarray(array), allow_pickle=False)
-    # No fsync per file: the rename alone keeps a killed run readable; the step
-    # marker written at the end of the step is fsynced.
-    atomic_write_bytes(path, buffer.getvalue(), fsync=False)

@@ -1,10 +1,11 @@
 """One thread beside training that does a raw writer's file work, in submission order.
 
-Capture ops hand over (path, array) or (key, array) and return at once; saving, renaming
-and statistics of host arrays run here. ``drain`` waits for everything handed over so
-far (the writer calls it before a step's completion marker) and raises the first
-failure, so a failed write still stops the step from being marked complete. Held
-arrays are bounded: a producer waits while more than ``limit_bytes`` are queued.
+Capture ops hand over (path, array) or (key, array) and return at once; saving, renaming,
+statistics of host arrays and step markers run here, in the order handed over.
+``failures`` counts failed jobs (a step marker is left out when one of its step's files
+failed); ``drain`` waits for everything handed over so far and raises the first failure
+since the last drain. Held arrays are bounded: a producer waits while more than
+``limit_bytes`` are queued.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class WriterThread:
         self._cond = threading.Condition()
         self._held = 0
         self._error: Optional[BaseException] = None
+        self.failures = 0  # jobs that raised, ever (a step marker job compares it with its last look)
         self._thread: Optional[threading.Thread] = None
 
     def submit(self, job: Callable[[], None], nbytes: int = 0) -> None:
@@ -55,6 +57,7 @@ class WriterThread:
                     job()
                 except BaseException as err:  # kept for drain(); the thread goes on with the next job
                     with self._cond:
+                        self.failures += 1
                         if self._error is None:
                             self._error = err
                             logger.error("raw capture writer failed: %s", err)

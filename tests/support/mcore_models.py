@@ -9,7 +9,8 @@ The models are the YAMLs of ``examples/`` (``tiny_qwen3.yaml``, ``tiny_deepseek3
 dropout 0, 2 layers of width 64, vocab 128, seq 16, batch 2) trained through
 ``mindformers.Trainer`` by ``examples/run_tiny_llama.py --model ...``, with CellDumpCallback
 from the YAML ``callbacks:`` entry. The CPU patches are ``examples/mcore_cpu_patches.py``
-(one copy; ``tests/support/mcore_cpu_patches.py`` loads it).
+and the model builders ``examples/tiny_mcore.py`` (one copy each, shared with the capture
+benchmark; ``tests/support/mcore_cpu_patches.py`` loads them).
 
 ``train`` adds, for tests only:
 
@@ -37,15 +38,18 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
+from tests.support.mcore_cpu_patches import load_example
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
 PYTHON = sys.executable
-MODELS = ("qwen3", "deepseek3")
-
-
-def config_path(model: str) -> str:
-    """The example YAML of ``model`` (``qwen3`` or ``deepseek3``)."""
-    return os.path.join(EXAMPLES, f"tiny_{model}.yaml")
+# The models and their builders: examples/tiny_mcore.py (the capture benchmark uses them too).
+_tiny_mcore = load_example("tiny_mcore")
+MODELS = _tiny_mcore.MODELS
+config_path = _tiny_mcore.config_path
+build_model = _tiny_mcore.build_model
+twin_train_cells = _tiny_mcore.twin_train_cells
+token_batches = _tiny_mcore.token_batches
 
 
 def run_driver(args: List[str], cwd: str, timeout: int = 900, env: Optional[dict] = None):
@@ -103,85 +107,6 @@ def train(argv: List[str]) -> int:
 
 
 # -- check ------------------------------------------------------------------------------------
-def build_model(model: str, mode: str = "pynative", weights: Optional[str] = None):
-    """Build the tiny ``model`` of its example YAML (CPU patches applied), optionally with saved weights."""
-    from mindformers import MindFormerConfig
-    from mindformers.core.context import build_context
-    from mindformers.models.build_model import build_network
-
-    from tests.support import mcore_cpu_patches
-
-    config = MindFormerConfig(config_path(model))
-    config.context.mode = 0 if mode == "graph" else 1
-    build_context(config)
-    mcore_cpu_patches.apply(mode)
-    network = build_network(config.model)
-    if weights:
-        import mindspore as ms
-
-        params = ms.load_checkpoint(weights)
-        not_loaded, _ = ms.load_param_into_net(network, params)
-        if not_loaded:
-            raise RuntimeError(f"parameters not in {weights}: {not_loaded}")
-    network.set_train(True)
-    return network
-
-
-def twin_train_cells(model: str, mode: str, seed: int = 0, sizes: Optional[dict] = None, count: int = 2):
-    """``count`` identical ``nn.TrainOneStepCell`` (same seed) of the example ``model``, resized by ``sizes``.
-
-    Plain ``TrainOneStepCell`` + ``AdamWeightDecay`` on a cell returning the LM loss (labels by
-    position 4 of GPTModel's construct): what the benchmark and the numerics test compare with and
-    without capture, in one process."""
-    import copy
-
-    import mindspore as ms
-    from mindformers import MindFormerConfig
-    from mindformers.core.context import build_context
-    from mindformers.models.build_model import build_network
-    from mindspore import nn
-
-    from tests.support import mcore_cpu_patches
-
-    config = MindFormerConfig(config_path(model))
-    config.context.mode = 0 if mode == "graph" else 1
-    for key, value in (sizes or {}).items():
-        config.model.model_config[key] = value
-    build_context(config)
-    mcore_cpu_patches.apply(mode)
-
-    class LossOnly(nn.Cell):
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def construct(self, input_ids, labels):
-            return self.net(input_ids, None, None, None, labels)[0]
-
-    cells = []
-    for _ in range(count):
-        ms.set_seed(seed)
-        net = build_network(copy.deepcopy(config.model))
-        net.set_train(True)
-        train = nn.TrainOneStepCell(LossOnly(net), nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3))
-        train.set_train(True)
-        cells.append(train)
-    return cells
-
-
-def token_batches(count: int, batch: int, seq_length: int, vocab_size: int, seed: int = 0) -> list:
-    """(input_ids, labels) tensor pairs; labels are the next tokens."""
-    import numpy as np
-    from mindspore import Tensor
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        tokens = rng.integers(1, vocab_size, size=(batch, seq_length + 1)).astype(np.int32)
-        out.append((Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:])))
-    return out
-
-
 def numerics(argv: List[str]) -> int:
     """Train a network with capture attached and its twin without, alternately; print both losses."""
     parser = argparse.ArgumentParser()

@@ -48,6 +48,7 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops.primitive import constexpr
 
+from mf_celldump.capture.backends import graph_statistics
 from mf_celldump.capture.backends.base import (
     BackendContext,
     CaptureBackend,
@@ -75,6 +76,7 @@ from mf_celldump.rawformat.keys import (
     kind_of_value,
     scalar_of_kind,
 )
+from mf_celldump.statistics import compute_statistics
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +106,7 @@ _NAME_KINDS = (("bool", "b"), ("int", "i"), ("uint", "i"), ("float", "f"), ("bfl
 _NUMPY_KINDS = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
 
 
-def _as_computed(data, declared: Optional[str]):
+def _as_computed(data, declared: Optional[str], keep: bool = True):
     """``(array, dtype name)`` of the value a capture op received, as the op computed it.
 
     The declared dtype (the op key's, a compile-time constant) comes from the compiler's first
@@ -113,9 +115,9 @@ def _as_computed(data, declared: Optional[str]):
     embedding. An array arrives with the dtype it was computed in, so that is the truth; a 0-d
     tensor arrives as a Python scalar and only the declared dtype gives its width, used when it is
     of the scalar's kind. Otherwise the name is None and the array keeps the value exactly
-    (float64, int64, bool).
+    (float64, int64, bool). ``keep``: the array outlives the op (copied unless numpy owns it).
     """
-    array = _owned(data)
+    array = _owned(data) if keep else np.asarray(data)
     if declared == "bfloat16" and array.dtype == np.float32:
         return array, declared  # passed as float32 by ``through_float32`` (a pyfunc op takes no bfloat16)
     if isinstance(data, np.ndarray) or not declared:
@@ -168,10 +170,20 @@ class HostBackend(CaptureBackend):
     """Captures through identity pyfunc ops; both faces share the probe ops."""
 
     name = "host"
+    # Graph mode, statistics task: True reduces float tensors inside the graph (graph_statistics), False
+    # hands every tensor to the host op. None: inside the graph on a device, on the host on CPU, where
+    # device memory is host memory and MindSpore's CPU reduction kernels cost more than numpy on the
+    # array the op receives (and run in every step, selected or not: bench/README.md, issue 24).
+    reduce_in_graph = None
 
     def __init__(self, context: BackendContext):
         super().__init__(context)
         self._make_probe_ops(self.config.captures_forward, self.config.captures_backward)
+        wanted = self.config.statistics
+        in_graph = self.reduce_in_graph if self.reduce_in_graph is not None else context.device != "CPU"
+        self.reduces_in_graph = self.config.task == "statistics" and graph_statistics.reduces(wanted) and in_graph
+        if self.reduces_in_graph:
+            self._make_statistics_ops()
 
         def record_body(x, key):
             self._emit(x, key, BACKWARD)
@@ -182,8 +194,12 @@ class HostBackend(CaptureBackend):
         self.null_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
         self.null_op.add_prim_attr("side_effect_io", True)
 
+        def gradient_body(x, key, call):
+            self._emit(x, key, BACKWARD, call)
+            return x
+
         # Gradients the optimizer receives (parameters_grad): recorded when the op runs, never differentiated.
-        self.record_op = ops.Custom(record_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
+        self.record_op = ops.Custom(gradient_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
 
         # Graph-mode constant values, filled at compile time: note id -> (cell id, leaves).
         self.constants: Dict[int, tuple] = {}
@@ -242,6 +258,32 @@ class HostBackend(CaptureBackend):
         self.value_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc")
         self.value_op.add_prim_attr("side_effect_io", True)
 
+    def _make_statistics_ops(self) -> None:
+        """Graph mode, statistics: ops receiving reduced tensors ``(extremes, moments, key, shape, call)``."""
+        forward_enabled = self.config.captures_forward
+
+        def forward_body(extremes, moments, key, shape, call):
+            if forward_enabled:
+                self._emit_reduced(extremes, moments, key, shape, FORWARD, call)
+            return extremes
+
+        def backward_body(extremes, moments, key, shape, call):
+            self._emit_reduced(extremes, moments, key, shape, BACKWARD, call)
+            return extremes
+
+        self.reduced_forward_op = ops.Custom(forward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                             func_type="pyfunc")
+        self.reduced_forward_op.add_prim_attr("side_effect_io", True)  # nothing uses its output
+        # Input ties and the optimizer's gradients: side_effect_io keeps the record of a gradient nothing uses
+        # (an attention mask's).
+        self.reduced_backward_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                              func_type="pyfunc")
+        self.reduced_backward_op.add_prim_attr("side_effect_io", True)
+        # Output gradients, inside the tap Cell's bprop: joined to the gradient by ``depend`` only; with
+        # side_effect_io there MindSpore 2.9 fails the compile ("Graph cycle exists", an UpdateState loop).
+        self.reduced_tap_op = ops.Custom(backward_body, out_shape=_same_shape, out_dtype=_same_dtype,
+                                         func_type="pyfunc")
+
     def note_constants(self, cell_id: int, leaves) -> int:
         """Compile time: keep the recordable constants of one call site; their note id (0: none)."""
         recorded = tuple((CODE_SLOTS[slot_code], tuple(path), kind_of_value(value), value)
@@ -255,34 +297,56 @@ class HostBackend(CaptureBackend):
             self.constants[note] = (cell_id, recorded)
         return note
 
-    def _emit(self, data, key, direction: str, call=None) -> None:
-        """Runs inside a capture op: write the value of the running step, if it is captured.
-        ``call``: the call number a graph-mode call op handed over (negative: not counted)."""
+    def _probe(self, key, direction: str, call) -> Optional[ProbeKey]:
+        """The probe key a capture op received, or None when nothing is to be recorded; writes the call's
+        constants when its first forward probe runs."""
         runtime = self.context.runtime
         if not runtime.active:
-            return
+            return None
         codes = np.asarray(key).reshape(-1).tolist()
         probe = ProbeKey.from_codes(codes[3:], direction)
         if direction == BACKWARD and probe.slot == SLOT_ARG:
             if not codes[2]:
-                return  # not a top-level tensor argument: msprobe numbers no gradient for it
+                return None  # not a top-level tensor argument: msprobe numbers no gradient for it
             probe = dataclasses.replace(probe, path=(codes[2] - 1,))  # its rank among them: backward output.{rank}
         if call is not None:
             number = int(np.asarray(call).reshape(-1)[0])
             if number >= 0:
                 probe = dataclasses.replace(probe, call=number)
-        sink = self.context.sink
         if codes[1] and direction == FORWARD:
-            self._emit_constants(sink, codes[1], probe.call)
+            self._emit_constants(self.context.sink, codes[1], probe.call)
+        return probe
+
+    def _emit(self, data, key, direction: str, call=None) -> None:
+        """Runs inside a capture op: write the value of the running step, if it is captured.
+        ``call``: the call number a graph-mode call op handed over (negative: not counted)."""
+        probe = self._probe(key, direction, call)
+        if probe is None:
+            return
+        sink = self.context.sink
         if probe.kind != KIND_TENSOR:
             sink.value(probe, scalar_of_kind(probe.kind, data))
             return
-        declared = _DTYPE_NAMES[codes[0]] if 0 <= codes[0] < len(_DTYPE_NAMES) else None
-        array, dtype = _as_computed(data, declared)
+        codes0 = int(np.asarray(key).reshape(-1)[0])
+        declared = _DTYPE_NAMES[codes0] if 0 <= codes0 < len(_DTYPE_NAMES) else None
+        array, dtype = _as_computed(data, declared, keep=self.config.task == "tensor")
         if dtype is None:
             dtype = array.dtype.name
             self._warn_width_unknown(probe, declared, dtype)
         self._emit_array(sink, probe, array, dtype)
+
+    def _emit_reduced(self, extremes, moments, key, shape, direction: str, call) -> None:
+        """Runs inside a statistics op (graph mode): the record of a tensor reduced inside the graph."""
+        probe = self._probe(key, direction, call)
+        if probe is None:
+            return
+        dims = [int(d) for d in np.asarray(shape).reshape(-1)]
+        extremes = np.asarray(extremes)
+        declared = _DTYPE_NAMES[int(np.asarray(key).reshape(-1)[0])]
+        dtype = declared if declared == "bfloat16" else extremes.dtype.name  # bfloat16 arrives as float32
+        stats = graph_statistics.record_of(extremes, moments, dims, self.config.statistics)
+        self.context.sink.statistics(probe, mindspore_dtype_name(dtype), tuple(dims), stats,
+                                     self.context.runtime.next_seq())
 
     def emit_gradient(self, gradient, probe: ProbeKey, mode: str = "out") -> None:
         """PyNative: a gradient Tensor handed over by the call's gradient hook, written like ``_emit``'s."""
@@ -290,14 +354,17 @@ class HostBackend(CaptureBackend):
             return
         dtype = numpy_dtype_name(str(gradient.dtype))
         host = gradient.astype(ms.float32) if gradient.dtype == ms.bfloat16 else gradient
-        self._emit_array(self.context.sink, probe, _owned(host.asnumpy()), dtype)
+        array = host.asnumpy()
+        self._emit_array(self.context.sink, probe, _owned(array) if self.config.task == "tensor" else array, dtype)
 
     def _emit_array(self, sink, probe: ProbeKey, array: np.ndarray, dtype: str) -> None:
-        # The writer's thread saves the array or computes its statistics; the op returns at once.
+        """A tensor goes to the writer's thread (which saves it); statistics are computed here, at once,
+        so only numbers leave the op (numpy on the array the op received: no copy, nothing kept)."""
         if self.config.task == "tensor":
             sink.tensor(probe, array, dtype)
         else:
-            sink.statistics_of(probe, mindspore_dtype_name(dtype), array, self.config.statistics)
+            stats = compute_statistics(array, self.config.statistics)
+            sink.statistics(probe, mindspore_dtype_name(dtype), array.shape, stats, self.context.runtime.next_seq())
 
     def _warn_width_unknown(self, probe: ProbeKey, declared: str, recorded: str) -> None:
         """Once per probe: a 0-d value whose declared dtype is not of its kind (see ``_as_computed``)."""
@@ -365,16 +432,18 @@ class HostGraph(GraphFace):
         return call_number
 
     def probe_function(self) -> Callable:
-        probe_op, value_op = through_float32(self.backend.probe_op), self.backend.value_op
+        value_op = self.backend.value_op
         forward_enabled = self.backend.config.captures_forward
         int32, int64, float32, bool_ = ms.int32, ms.int64, ms.float32, ms.bool_
         key_codes = _make_graph_key_codes()
         to_tensor = ops.scalar_to_tensor
         bool_code, int_code, float_code = KIND_CODES[KIND_BOOL], KIND_CODES[KIND_INT], KIND_CODES[KIND_FLOAT]
 
+        tensor_probe = self._tensor_probe()
+
         def graph_probe(value, head, path, use_in, note, call):
             if isinstance(value, Tensor):
-                return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32), call)
+                return tensor_probe(value, head, path, note, call)
             # A variable scalar (``mutable``); constants come through notes. ``scalar_to_tensor``, not
             # ``Tensor(value, dtype)``: MindSpore 2.9 compiles the latter on a variable into an any-type
             # sub-graph, where a Custom op fails ("The prim is not a PrimitivePy", custom_op_infer.cc).
@@ -389,6 +458,36 @@ class HostGraph(GraphFace):
             return value
 
         return graph_probe
+
+    def _tensor_probe(self) -> Callable:
+        """``(tensor, head, path, note, call) -> tensor``: through the host probe op, or (statistics reduced in
+        the graph, graph_statistics) through the reduction and the gradient tap."""
+        probe_op, int32 = through_float32(self.backend.probe_op), ms.int32
+        key_codes = _make_graph_key_codes()
+
+        def host_probe(value, head, path, note, call):
+            return probe_op(value, Tensor(key_codes(head, 0, path, value.dtype, note), int32), call)
+
+        if not self.backend.reduces_in_graph:
+            return host_probe
+        reducible, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
+        forward_op = self.backend.reduced_forward_op
+        forward_enabled = self.backend.config.captures_forward
+        tap = graph_statistics.gradient_tap(self.backend.reduced_tap_op, reduce)
+        taps_gradient = _make_gradient_rule(self.backend.config.captures_backward)
+
+        def reduced_probe(value, head, path, note, call):
+            if not reducible(value.dtype, value.shape):
+                return host_probe(value, head, path, note, call)
+            key = Tensor(key_codes(head, 0, path, value.dtype, note), int32)
+            if forward_enabled:
+                extremes, moments, shape = reduce(value)
+                forward_op(extremes, moments, key, shape, call)
+            if taps_gradient(head):
+                return tap(value, key, call)
+            return value
+
+        return reduced_probe
 
     def constants_function(self) -> Callable:
         backend = self.backend
@@ -431,14 +530,41 @@ class HostGraph(GraphFace):
 
         return for_cell
 
+    def _gradient_recorder(self, op: Callable) -> Callable:
+        """``(gradient, key, call) -> gradient``, recording it: through the host op ``op``, or reduced inside
+        the graph (graph_statistics) when it can be."""
+        if not self.backend.reduces_in_graph:
+            return op
+        reducible, reduce = graph_statistics.graph_helpers(self.backend.config.statistics)
+        reduced_op, depend = self.backend.reduced_backward_op, ops.depend
+
+        def record(gradient, key, call):
+            if not reducible(gradient.dtype, gradient.shape):
+                return op(gradient, key, call)
+            extremes, moments, shape = reduce(gradient)
+            return depend(gradient, reduced_op(extremes, moments, key, shape, call))
+
+        return record
+
     def gradient_probe_function(self) -> Callable:
-        record_op, int32 = through_float32(self.backend.record_op, with_call=False), ms.int32
+        record, int32 = self._gradient_recorder(through_float32(self.backend.record_op)), ms.int32
         key_codes = _make_graph_key_codes()
+        no_call = Tensor((UNKNOWN_CALL,), int32)
 
         def gradient_probe(value, head, path):
-            return record_op(value, Tensor(key_codes(head, 0, path, value.dtype, 0), int32))
+            return record(value, Tensor(key_codes(head, 0, path, value.dtype, 0), int32), no_call)
 
         return gradient_probe
+
+
+def _make_gradient_rule(backward_enabled: bool):
+    @constexpr
+    def taps_gradient(head):
+        # Compile time: every probe's tap records its gradient; a positional input's is kept only where it is
+        # a top-level tensor argument (its rank, head[2], goes into the key; HostBackend._probe drops the rest).
+        return backward_enabled and (head[1] != SLOT_CODES[SLOT_ARG] or (len(head) > 2 and head[2] >= 0))
+
+    return taps_gradient
 
 
 def _make_graph_key_codes():

@@ -3,9 +3,16 @@
 PyNative (verified on CPU): the file path holds the step folder and the exact call
 index; TensorDump appends ``_{dtype}_{id}.npy`` and writes synchronously, waiting for
 the value (and so for every op queued before it). The step path therefore only queues
-(path, tensor) pairs; they are dumped in capture order after one synchronisation at the
+(key, tensor) pairs; they are dumped in capture order after one synchronisation at the
 end of the step, or earlier when the queue holds more than ``pending_limit_bytes``.
 Parameters are dumped at once: the optimizer updates them in place later in the step.
+On CPU with MindSpore's own TensorDump, where it writes each file on the training thread,
+the raw writer's thread writes the same files instead (TensorDump's name, header and
+bytes, ``rawformat.npy_files``), so the step ends without waiting for the disk. The ids
+count this capture's files from 0, as TensorDump's own counter counts every TensorDump
+call of the process from 0: the same numbers unless something else in the process called
+TensorDump first (processing only compares them with the ids of the same step's files and
+with the raw writer's sequence numbers of the weights).
 
 Graph mode (Ascend; proven on CPU by the emulation in ``tests/support/ascend_emulation.py``):
 file paths hold MindSpore's ``{step}`` placeholder and MindSpore writes the files
@@ -20,11 +27,13 @@ MBUF ``.../mbuf_manager/mbuf_receive_manager.cc``, PTD
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, ops
 from mindspore.ops.primitive import constexpr
 
@@ -46,6 +55,7 @@ from mf_celldump.capture.backends.tensordump_process import (
 )
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.capture.micro_batches import ParallelSettings
+from mf_celldump.dtypes import numpy_dtype_name
 from mf_celldump.rawformat.keys import (
     BACKWARD,
     CODE_SLOTS,
@@ -74,6 +84,7 @@ class TensorDumpBackend(CaptureBackend):
         self._given = primitives or context.primitives
         self.primitives: Optional[AscendPrimitives] = self._given
         self.graph_mode = False
+        self.host_files = False  # PyNative on CPU: the raw writer writes TensorDump's files (module docstring)
         self.steps: Optional[GraphStepMap] = None
         self._send_failed = False
         self._next_step: Optional[int] = None  # the step the previous one leads to
@@ -110,6 +121,7 @@ class TensorDumpBackend(CaptureBackend):
         self.primitives = self._given or AscendPrimitives.from_mindspore()
         self.graph_mode = ms.get_context("mode") == ms.GRAPH_MODE
         if not self.graph_mode:
+            self.host_files = self.context.device == "CPU" and _is_mindspore_tensordump(self.primitives.dump_out)
             # From 2.7.1 an eager TensorDump checks the process-wide step filter against the
             # graph counter too (TDC ExecTask -> ProcessFileName with the default mode): a
             # filter left by an earlier graph-mode capture would silently stop every file.
@@ -245,23 +257,18 @@ class TensorDumpPyNative(PyNativeFace):
         self.primitives = backend.primitives
         self.forward_enabled = backend.config.captures_forward
         self.gradient_hooks = GradientHookCache(self.context.runtime, self._dump_gradient)
-        self._pending: List[Tuple[str, str, Tensor]] = []  # (mode, path, tensor) in capture order
+        self._pending: List[Tuple[str, int, ProbeKey, Tensor]] = []  # (mode, step, key, tensor) in capture order
         self._pending_bytes = 0
         self.aliases = ParameterAliases(self.context.runtime)  # Parameters and our hooks' aliases of them, this step
+        self._ids = itertools.count()  # host_files: TensorDump's file ids (module docstring)
 
-    def _path(self, key: ProbeKey) -> str:
-        stem = raw_stem(key, self.backend.stem_separator)
-        return os.path.join(self.context.writer.step_dir(self.context.runtime.step), stem)
-
-    def _op(self, mode: str):
-        return self.primitives.dump_in if mode == "in" else self.primitives.dump_out
-
-    def _queue(self, mode: str, path: str, tensor, parameter: bool = False) -> None:
+    def _queue(self, mode: str, key: ProbeKey, tensor, parameter: bool = False) -> None:
+        step = self.context.runtime.step
         if parameter or isinstance(tensor, Parameter):
             self.flush()  # keeps capture order; the value is the one before the optimizer's update
-            self._op(mode)(path, tensor)
+            self._dump(mode, step, key, tensor, copy=True)
             return
-        self._pending.append((mode, path, tensor))
+        self._pending.append((mode, step, key, tensor))
         self._pending_bytes += tensor.nbytes
         if self._pending_bytes > self.pending_limit_bytes:
             self.flush()
@@ -269,22 +276,47 @@ class TensorDumpPyNative(PyNativeFace):
     def flush(self) -> None:
         """Dump every queued value in capture order; the first dump waits for the queue, the rest do not."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        dump_in, dump_out = self.primitives.dump_in, self.primitives.dump_out
-        for mode, path, tensor in pending:
-            (dump_in if mode == "in" else dump_out)(path, tensor)
+        if self.backend.host_files:
+            self._hand_over(pending)
+            return
+        for mode, step, key, tensor in pending:
+            self._dump(mode, step, key, tensor)
+
+    def _dump(self, mode: str, step: int, key: ProbeKey, tensor, copy: bool = False) -> None:
+        if self.backend.host_files:
+            self._hand_over([(mode, step, key, tensor)], copy)
+            return
+        stem = raw_stem(key, self.backend.stem_separator)
+        op = self.primitives.dump_in if mode == "in" else self.primitives.dump_out
+        op(os.path.join(self.context.writer.step_dir(step), stem), tensor)
+
+    def _hand_over(self, pending: List[Tuple[str, int, ProbeKey, Tensor]], copy: bool = False) -> None:
+        """host_files: TensorDump's files of ``pending``, to the writer's thread in one hand-over per step (the
+        arrays are taken first, so the thread does not compete with this loop)."""
+        by_step: dict = {}
+        for _mode, step, key, tensor in pending:
+            # CPU TensorDump ignores the mode (no "_in" in the name) and writes bfloat16 as float32 data.
+            host = tensor.astype(ms.float32) if tensor.dtype == ms.bfloat16 else tensor
+            array = host.asnumpy()  # a view of the tensor's memory on CPU: the writer keeps ``host`` alive
+            if copy:
+                array, host = np.array(array, copy=True), None
+            dtype = numpy_dtype_name(str(tensor.dtype))
+            by_step.setdefault(step, []).append((key, array, dtype, next(self._ids), host))
+        for step, files in by_step.items():
+            self.context.writer.write_tensordump_files(step, files)
 
     def forward(self, value, key: ProbeKey, mode: str):
         if not self.forward_enabled:
             return value
         if isinstance(value, Tensor):
             parameter = self.aliases.is_parameter(value)
-            self._queue(mode, self._path(key), value, parameter)
+            self._queue(mode, key, value, parameter)
             return value
         kind = kind_of_value(value)
         if kind is not None:
             # Non-tensor values travel as scalar tensors so they share TensorDump's order.
             scalar = 0 if value is None else value
-            self._queue(mode, self._path(key.with_kind(kind)), Tensor(scalar))
+            self._queue(mode, key.with_kind(kind), Tensor(scalar))
         return value
 
     def backward(self, tensor, key: ProbeKey, mode: str):
@@ -298,10 +330,10 @@ class TensorDumpPyNative(PyNativeFace):
     def no_gradient(self, key: ProbeKey, mode: str) -> None:
         # Travels as a scalar file like the forward non-tensor values; its kind (None) makes it a null.
         if self.context.runtime.active:
-            self._queue(mode, self._path(key.with_kind(KIND_NONE)), Tensor(0))
+            self._queue(mode, key.with_kind(KIND_NONE), Tensor(0))
 
     def _dump_gradient(self, gradient, key: ProbeKey, mode: str) -> None:
-        self._queue(mode, self._path(key), gradient)
+        self._queue(mode, key, gradient)
 
 
 class TensorDumpGraph(GraphFace):
@@ -394,6 +426,13 @@ class TensorDumpGraph(GraphFace):
             return depend(value, dump_out(graph_path(prefix, head, "b", path, sep, wide), value))
 
         return gradient_probe
+
+
+def _is_mindspore_tensordump(op) -> bool:
+    """Whether ``op`` is MindSpore's own TensorDump (not a stand-in), whose CPU files we can write ourselves."""
+    from mindspore.ops.operations.debug_ops import TensorDump  # where MindSpore 2.5 to 2.10 define it
+
+    return type(op) is TensorDump
 
 
 def _make_gradient_numbering():
