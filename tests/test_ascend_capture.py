@@ -27,7 +27,6 @@ from mf_celldump.processing.driver import process_dump
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
 from tests.support.ascend_emulation import AscendEmulator
-from tests.support.ascend_runs import output_of as _output
 from tests.support.ascend_runs import raw_step_folders as _raw_step_folders
 from tests.support.ascend_runs import run_training
 from tests.support.ascend_runs import step_folders as _step_folders
