@@ -19,6 +19,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
 import mf_celldump
+from mf_celldump.layout.naming import RUN_ID_KEY
 from mf_celldump.rawformat.npy_files import tensordump_header
 from tests.support import capture_net as cn
 
@@ -76,7 +77,8 @@ def _raw_files(path: str) -> dict:
 
 
 def _output(path: str) -> dict:
-    """Relative path -> bytes of every processed file (the dump folder's own path written as DUMP)."""
+    """Relative path -> bytes of every processed file (the dump folder's own path written as DUMP, each
+    run's own id in ``dump.json`` written as RUN)."""
     out = {}
     for folder, _, names in os.walk(path):
         if "_raw" in os.path.relpath(folder, path).split(os.sep):
@@ -85,6 +87,7 @@ def _output(path: str) -> dict:
             full = os.path.join(folder, name)
             with open(full, "rb") as handle:
                 data = handle.read().replace(os.path.realpath(path).encode(), b"DUMP")
+            data = re.sub(rb'("%s": )"[^"]*"' % RUN_ID_KEY.encode(), rb'\1"RUN"', data)
             out[os.path.relpath(full, path)] = (data, oct(os.stat(full).st_mode & 0o777))
     return out
 

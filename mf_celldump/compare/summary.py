@@ -103,8 +103,12 @@ def advice(result: CompareResult) -> List[str]:
             "so the cells pair; --min-coverage lowers the minimum when a partial comparison is what you want"
         )
     if result.coverage.unreadable:
-        out.append(f"{result.coverage.unreadable} pairs were compared on statistics because a tensor file could not "
-                   "be read (see statistics_fallback); install torch to read PyTorch .pt files")
+        needs_torch = any("needs torch" in r["reason"] for r in result.coverage.reasons
+                          if r["class"] == "statistics_fallback")
+        count = result.coverage.unreadable
+        torch_hint = "; install torch to read PyTorch .pt files" if needs_torch else ""
+        out.append(f"{count} {'pair was' if count == 1 else 'pairs were'} compared on statistics because a tensor "
+                   f"file could not be read (see statistics_fallback){torch_hint}")
     return out
 
 

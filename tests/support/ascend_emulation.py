@@ -659,7 +659,8 @@ class ControlFlowCheck:
     refuses it when such a dump runs: after each compile while the emulator is in use, the forward TensorDump
     nodes of the optimized top graph are counted (``get_optimize_graph_proto``, anf_ir, by the stand-in's
     ``fn_id``); a dump in a sub-graph (a loop body, a branch of an ``if`` on a tensor, a cell reused without
-    inlining) is not among them. Within one graph run (from one device synchronisation to the next) the
+    inlining) is not among them. Within one graph run (from the start of a graph's run, or a device
+    synchronisation, to the next) the
     forward dumps registered by compiled graphs can run only as often as the top graphs hold them; one more
     must come from a sub-graph, and the launch raises. Nodes the compiler pruned never run, so they cannot
     trip it (ascend-emulation.md)."""
@@ -671,6 +672,7 @@ class ControlFlowCheck:
         self.top_nodes = 0
         self.executed = 0
         self._original = None
+        self._original_run = None
 
     @classmethod
     def of(cls, emulator: AscendEmulator) -> ControlFlowCheck:
@@ -698,13 +700,21 @@ class ControlFlowCheck:
                 check.executed = 0
             return result
 
-        self._original = original
+        original_run = executor_class.run
+
+        def run_counted(executor, obj, *args, **kwargs):
+            check.new_run()  # CPU graph runs are synchronous: the previous run's dumps have all run
+            return original_run(executor, obj, *args, **kwargs)
+
+        self._original, self._original_run = original, original_run
         executor_class.compile = compile_and_count
+        executor_class.run = run_counted
 
     def stop(self) -> None:
         if self._original is not None:
             _graph_executor_class().compile = self._original
-            self._original = None
+            _graph_executor_class().run = self._original_run
+            self._original = self._original_run = None
 
     def count_top_nodes(self, executor, obj) -> int:
         try:
