@@ -16,7 +16,7 @@ multiprocessing's own "spawn" start method re-imports the parent's ``__main__`` 
 child (CPython 3.11 ``multiprocessing/spawn.py`` ``get_preparation_data`` ->
 ``_fixup_main_from_path``), i.e. the training script with MindSpore and MindFormers:
 measured 4.0 s and 515 MB until ready, against 0.3-0.5 s and 45 MB without MindSpore for
-``python -m`` (/work/notes/issue11/FINDINGS.md §3.1).
+``python -m`` (measured on CPU with MindSpore 2.9, see bench/README.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and processing all run for real.
 
 Each rule cites the MindSpore file and function it comes from (repository
 mindspore-ai/mindspore; tags v2.5.0/v2.6.0, branches r2.7.rc1 and master of July 2025,
-later files from the search index; /work/notes/issue8/FACTS.md quotes them):
+later files from the search index):
 
   TDC   mindspore/ccsrc/tools/tensor_dump/tensordump.cc (TensorDumpManager); up to 2.7.0
         mindspore/ccsrc/debug/dump/tensordump_control.cc

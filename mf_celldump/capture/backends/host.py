@@ -173,7 +173,7 @@ class HostBackend(CaptureBackend):
     # Graph mode, statistics task: True reduces float tensors inside the graph (graph_statistics), False
     # hands every tensor to the host op. None: inside the graph on a device, on the host on CPU, where
     # device memory is host memory and MindSpore's CPU reduction kernels cost more than numpy on the
-    # array the op receives (and run in every step, selected or not: bench/README.md, issue 24).
+    # array the op receives (and run in every step, selected or not: bench/README.md, "capture cost near its floor").
     reduce_in_graph = None
 
     def __init__(self, context: BackendContext):
