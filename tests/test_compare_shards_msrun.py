@@ -54,9 +54,14 @@ def runs(tmp_path_factory):
     return root
 
 
+# Tensors that are zero in exact arithmetic (the key projection's bias gradient) hold only rounding noise,
+# which the ranks' other summation order changes (docs/compare.md, "Rounding noise").
+NOISE_FLOOR = ("--threshold", "float32.abs_err=1e-6")
+
+
 def compare(root, out, *args):
-    proc = subprocess.run([sys.executable, "-m", "mf_celldump.cli", "compare", *map(str, args), "-o", str(out),
-                           "--json"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "mf_celldump.cli", "compare", *map(str, args), *NOISE_FLOOR,
+                           "-o", str(out), "--json"], capture_output=True, text=True, timeout=600)
     return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
 
 
@@ -65,7 +70,8 @@ def test_identical_step_every_merged_pair_is_within_thresholds(runs, tmp_path):
                                 "--mapping", runs / "tp_rules.yaml")
     assert code == 0, err
     table = pd.read_csv(result["csv"])
-    assert len(table) == 44 and set(table.status) == {"ok"}, table[table.status != "ok"].to_string()
+    # 44 activations, 14 weights and 14 weight gradients
+    assert len(table) == 72 and set(table.status) == {"ok"}, table[table.status != "ok"].to_string()
     rules = result["shards"]["target"]["rules"]
     assert rules["mlp.up"] == "column" and rules["attention.proj"] == "row" and rules["mlp.down"] == "row"
     assert rules["attention.core"] == "split" and rules["mlp.act"] == "split"  # from the mapping file

@@ -58,8 +58,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="[DTYPE.]KEY=VALUE",
-        help="override a threshold: cosine (0 to 1), rel_err, stat_rel (0 or more); e.g. cosine=0.9999, "
-        "bfloat16.rel_err=0.05; DTYPE: float64, float32, float16, bfloat16, int (exact)",
+        help="override a threshold: cosine (0 to 1), rel_err, stat_rel, abs_err (0 or more; abs_err: a pair "
+        "differing by no more than it is within, off by default); e.g. cosine=0.9999, bfloat16.rel_err=0.05; "
+        "DTYPE: float64, float32, float16, bfloat16, int (exact)",
     )
     parser.add_argument(
         "--qkv-groups",

@@ -6,8 +6,9 @@ own columns: Euclidean distance ||target - baseline||, and the share of elements
 relative error is below 1/1000 and 5/1000 (msprobe 26.2's ``One Thousandth Err Ratio``
 and ``Five Thousandths Err Ratio``: |t - b| / |b|, a zero baseline element counted with
 the float epsilon added to both sides). A pair diverges when cosine is below ``cosine``
-or ``rel_err`` above ``rel_err``; integer and bool tensors must match exactly; non-finite
-values diverge unless both sides have the same ones at the same places.
+or ``rel_err`` above ``rel_err``, unless no element differs by more than ``abs_err`` (off by
+default); integer and bool tensors must match exactly; non-finite values diverge unless both
+sides have the same ones at the same places.
 
 Statistics pairs (when a side has no tensor data): ``stat_rel`` = the largest relative
 difference of every statistic both sides have, Max, Min, Mean and Norm. Max, Min and
@@ -74,9 +75,13 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds,
     result.cosine = _cosine(t, b, norm_t, norm_b)
     if exact:
         result.diverged = result.diverged or bool(result.max_abs_err and result.max_abs_err > 0)
-    else:
+    elif not _within_abs(result.max_abs_err, limits):
         result.diverged = result.diverged or result.cosine < limits.cosine or result.rel_err > limits.rel_err
     return result
+
+
+def _within_abs(max_abs_err: float, limits: Thresholds) -> bool:
+    return limits.abs_err > 0 and math.isfinite(max_abs_err) and max_abs_err <= limits.abs_err
 
 
 def _cosine(t: np.ndarray, b: np.ndarray, norm_t: float, norm_b: float) -> float:
@@ -121,7 +126,7 @@ def stats_metrics(
 ) -> PairMetrics:
     """Verdict from statistics alone: the largest relative difference of Max, Min, Mean and Norm."""
     result = PairMetrics()
-    worst = 0.0
+    worst = largest = 0.0
     for key in STATS:
         a, b = target.get(key), baseline.get(key)
         if a is None or b is None:
@@ -131,9 +136,10 @@ def stats_metrics(
                 worst = math.inf
             continue
         relative = abs(a - b) / _scale(key, a, b, target, baseline, elements)
-        worst = max(worst, relative)
+        worst, largest = max(worst, relative), max(largest, abs(a - b))
     result.stat_rel = worst
-    result.diverged = worst > (0.0 if exact else limits.stat_rel)
+    noise = not exact and math.isfinite(worst) and _within_abs(largest, limits)
+    result.diverged = not noise and worst > (0.0 if exact else limits.stat_rel)
     return result
 
 

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from mf_celldump.compare import engine, metrics, tensors, transforms
+from mf_celldump.compare import thresholds as thresholds_mod
 from mf_celldump.compare.engine import CompareInputError, CompareRequest, CompareResult
 from mf_celldump.compare.pairing import map_slot
 from mf_celldump.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, ShardError, plan
@@ -250,7 +251,7 @@ def _check_shapes(result: CompareResult, report: ShardReport) -> None:
 class Attribution:
     """Which ranks' parts of the first divergent cell diverge from the baseline (tensor dumps)."""
 
-    def __init__(self, report: ShardReport, baseline_root: str, thresholds: Dict[str, metrics.Thresholds]):
+    def __init__(self, report: ShardReport, baseline_root: str, thresholds: Dict[str, thresholds_mod.Thresholds]):
         self.report = report
         self.baseline_root = baseline_root
         self.thresholds = thresholds
@@ -259,8 +260,7 @@ class Attribution:
         first, side = result.first, self.report.target
         if first is None or side.size == 1:
             return None
-        step = int(first.step) if first.step else None
-        index = int(first.rank[4:]) if first.rank.startswith("rank") and first.rank[4:].isdigit() else 0
+        step, index = first.step, first.rank or 0  # the merged folder's rank is the group's index
         group = side.groups.get((step, index))
         baseline = self._baseline_folder(step, index)
         if group is None or baseline is None or not first.baseline:
@@ -371,8 +371,8 @@ def _judge(slot: str, how, parts: List[np.ndarray], base: np.ndarray, group: Gro
         pieces = np.split(base, bounds, axis=axis)
     diverged, within = [], []
     for rank, part, piece in zip(group.ranks, parts, pieces):
-        dtype = metrics.canonical_dtype(str(part.dtype))
-        limits = metrics.thresholds_for(dtype, dtype, thresholds)
-        verdict = metrics.tensor_metrics(part, piece, limits, limits == thresholds["exact"])
+        dtype = thresholds_mod.canonical_dtype(str(part.dtype))
+        limits = thresholds_mod.thresholds_for(dtype, dtype, thresholds)
+        verdict = metrics.tensor_metrics(part, piece, limits, limits == thresholds[thresholds_mod.EXACT])
         (diverged if verdict.diverged else within).append(rank)
     return {"slot": slot, "merge": "same" if how == SAME else f"axis {how}", "diverged": diverged, "within": within}

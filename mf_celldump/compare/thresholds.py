@@ -18,6 +18,10 @@ class Thresholds:
     cosine: float  # at least
     rel_err: float  # at most
     stat_rel: float  # at most
+    # A pair whose largest absolute difference is at most this is within, whatever its cosine and relative
+    # errors: rounding noise of a value that is zero in exact arithmetic (a key bias's gradient, summed in
+    # another order by tensor-parallel ranks) has no meaningful direction. 0: off (the default).
+    abs_err: float = 0.0
 
 
 EXACT = "exact"
@@ -29,7 +33,7 @@ DEFAULT_THRESHOLDS: Dict[str, Thresholds] = {
     "bfloat16": Thresholds(0.995, 3e-2, 2e-2),
     EXACT: Thresholds(1.0, 0.0, 0.0),
 }
-THRESHOLD_KEYS = ("cosine", "rel_err", "stat_rel")
+THRESHOLD_KEYS = ("cosine", "rel_err", "stat_rel", "abs_err")
 _PRECISION_ORDER = (EXACT, "float64", "float32", "float16", "bfloat16")
 # Names a user may give before the key: the float classes, and exact for integers and bools.
 _INTEGER_NAMES = ("int", "uint", "bool", EXACT)
