@@ -151,7 +151,9 @@ def load_config(args: argparse.Namespace):
             raise SystemExit(f"--set {item!r}: expected DOTTED.KEY=VALUE")
         *parents, last = key.strip().split(".")
         node = config
-        for name in parents:
+        for name in parents:  # a missing level is created (e.g. context.jit_config in the CPU config)
+            if name not in node:
+                node[name] = type(config)()
             node = node[name]
         node[last] = yaml.safe_load(value)
     entry = _celldump_entry(config)

@@ -148,7 +148,8 @@ def train(run: Run, workdir: str, emulate: bool, python: str, npus: int) -> None
         return
     start = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **SLICING)
-    env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")  # msrun starts a bare `python`
+    bin_dir = os.path.dirname(shutil.which(python) or python)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")  # msrun starts its workers with a bare `python`
     env["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
     with open(run.log(workdir), "w", encoding="utf-8") as log:
         proc = subprocess.run(command(run, workdir, emulate, python), cwd=workdir, stdout=log,
