@@ -9,7 +9,7 @@ any FAIL). No missing file is tolerated.
 
    pynative     PyNative, tensor, 5 steps, steps "1,3" (the reference values)
    o0           graph, jit_level O0, tensor, steps "1,3" (the steps filter mapping), checkpoint
-   o1           graph, jit_level O1, tensor, steps "1,3"
+   o1, o2       graph, jit_level O1 and O2 (GE on an NPU), tensor, steps "1,3"
    statistics   graph, jit_level O0, statistics, steps "1,3"
    big          graph, hidden size 1024: tens of MB per captured step, with MS_DUMP_SLICE_SIZE/WAIT_TIME
    resumed      graph, resumed from o0's checkpoint at global step 5, steps "6,8"
@@ -104,6 +104,7 @@ def plan(workdir: str) -> List[Run]:
         Run("pynative", "pynative", tensor),
         Run("o0", "graph", tensor, [jit + "O0"], ["--save-checkpoint"]),
         Run("o1", "graph", tensor, [jit + "O1"]),
+        Run("o2", "graph", tensor, [jit + "O2"]),  # GE on an NPU; CPU graphs never compile with GE
         Run("statistics", "graph", statistics, [jit + "O0"]),
         Run("big", "graph", ["task=tensor", "steps=1"], [jit + "O0", "model.model_config.hidden_size=1024"]),
         Run("resumed", "graph", ["task=tensor", "steps=6,8"], [jit + "O0"], resume),
@@ -288,6 +289,7 @@ def evaluate(runs: Dict[str, Run], workdir: str, emulate: bool) -> List[ac.Check
                                                          ac.check_no_problem("pynative", problems(pynative, workdir)))]
     checks += check_tensor_run(runs["o0"], pynative, workdir, rtol)
     checks += check_tensor_run(runs["o1"], pynative, workdir, rtol)
+    checks += check_tensor_run(runs["o2"], pynative, workdir, rtol)
     checks += check_statistics_run(runs["statistics"], runs["o0"], workdir, rtol)
     checks += check_complete_run(runs["big"], runs["o0"], workdir, 1, ["rank"])
     checks.append(ac.check_step_folders(runs["resumed"].dump_path(workdir), [6, 8]))
