@@ -5,7 +5,7 @@
 #   bash examples/ascend/acceptance.sh [--workdir /tmp/mf_celldump_acceptance] [--npus 2]
 #
 # It trains the tiny MindFormers LLaMA (PyNative reference; graph jit_level O0, O1, O2 with
-# steps "1,3"; O2; statistics; a big dump with slicing; resumed and past runs; bf16; with 2 NPUs
+# steps "1,3"; statistics; a big dump with slicing; resumed and past runs; bf16; with 2 NPUs
 # data, tensor and pipeline parallel) and runs small-network scenarios (gradient
 # accumulation, control flow, process-wide settings, the GE check, MindSpore < 2.7, ...),
 # then prints PASS/FAIL/SKIP per check, each naming the defect it guards against
