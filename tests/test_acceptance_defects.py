@@ -91,6 +91,19 @@ def _assign_calls_from_the_end(patch):
                   lambda captures, shape_of=None, micro_batches=1: entries.assign_calls(captures, shape_of, 1))
 
 
+def _iteration_from_the_process_start(patch):
+    """The statistics dump's iteration left where MindSpore starts it (0 in every process), not pinned to the
+    global step at attach and at each step."""
+    setup = KbkStatisticsBackend.setup
+
+    def begin_step(self, step, captured):
+        self._check_consecutive(step)
+        return False
+
+    patch.setattr(KbkStatisticsBackend, "setup", lambda self, initial_step: setup(self, 0))
+    patch.setattr(KbkStatisticsBackend, "begin_step", begin_step)
+
+
 DEFECTS = {
     # label: (scenario, how it is re-injected)
     ac.STEP_MARKERS: ("steps", _markers_only_on_captured_steps),
@@ -99,6 +112,7 @@ DEFECTS = {
     ac.EMPTY_FILTER: ("past", _empty_filter_for_nothing),
     ac.IN_PAIRING: ("in_pairing", _gradient_hook_in_the_same_mode),
     ac.TD_FLAG: ("statistics", lambda p: p.setattr(TensorDumpBackend, "_mark_forward_primitives", lambda self: None)),
+    ac.KBK_ITERATION: ("statistics_resumed", _iteration_from_the_process_start),
     ac.VERSION: ("version", lambda p: p.setattr(capture_session, "mindspore_version_problem", lambda installed: None)),
     ac.MICRO_BATCHES: ("micro_batches", _assign_calls_from_the_end),
     ac.REDISTRIBUTION: ("redistribution", lambda p: p.setattr(step_transaction, "merge_consumer_parts",

@@ -27,6 +27,7 @@ WRITER_RACE = "asynchronous write race (processing waits for MindSpore's writer)
 IN_PAIRING = "'in' dumps paired with the opposite gradient hook (parallel pass '_in')"
 TD_FLAG = "td_flag on forward dumps (statistics rows named as ours)"
 VERSION = "MindSpore < 2.7 refusal"
+KBK_ITERATION = "statistics dump iteration pinned to the global step"
 MICRO_BATCHES = "micro-batch pairing (backward.k of micro-batch k)"
 REDISTRIBUTION = "redistribution (per-consumer dumps are one call, gradient their sum)"
 CONTROL_FLOW = "TensorDump in control flow (optimizer under a run-time condition)"

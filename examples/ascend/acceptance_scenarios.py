@@ -195,6 +195,20 @@ def scenario_statistics(workdir: str, emulate: bool) -> Checks:
     return checks
 
 
+def scenario_statistics_resumed(workdir: str, emulate: bool) -> Checks:
+    """The statistics task in a run resumed at global step 100, steps "101": MindSpore's dump iteration counts
+    from 0 in every process, so capture pins it to the global step; step 101 holds step 1's statistics."""
+    reference, dump = os.path.join(workdir, "pynative"), os.path.join(workdir, "resumed")
+    pynative_reference(reference, emulate)
+    with Device(emulate):
+        net = cn.make_net()
+        summary = train(dump, dict(STATISTICS, steps="101"), cn.train_one_step_cell(net), None, cn.make_input(), 3,
+                        first=100, attach_at=100)
+    return [ac.check_step_folders(dump, [101], ac.KBK_ITERATION),
+            ac.check_no_problem("resumed statistics", summary.problems, ac.KBK_ITERATION),
+            ac.check_statistics(ac.read_step(dump, 101)[0], _reference_arrays(reference, 1), 1e-5, ac.KBK_ITERATION)]
+
+
 def scenario_bf16(workdir: str, emulate: bool) -> Checks:
     """bfloat16 and float16 at cell boundaries: statistics equal float64 statistics of the exact values."""
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU" if emulate else "Ascend")
