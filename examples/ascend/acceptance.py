@@ -327,7 +327,7 @@ def run_scenarios(workdir: str, emulate: bool, python: str) -> List[ac.Check]:
         with open(log, "w", encoding="utf-8") as handle:
             proc = subprocess.run(scenario_command(name, workdir, emulate, python), cwd=workdir, stdout=handle,
                                   stderr=subprocess.STDOUT, text=True, check=False,
-                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1", **SLICING))
         with open(log, encoding="utf-8", errors="replace") as handle:
             lines = [line.rstrip("\n") for line in handle if line.startswith(("PASS ", "FAIL ", "SKIP "))]
         found = [(None if line.startswith("SKIP") else line.startswith("PASS"), f"{name}: {line[5:]}")

@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -391,8 +392,14 @@ def scenario_control_flow(workdir: str, emulate: bool) -> Checks:
 
 
 # -- what MindSpore keeps once per process --------------------------------------------------------------------
-def _files_under(folder: str) -> int:
-    return sum(len(files) for _, _, files in os.walk(folder))
+def _files_under(folder: str, want: Optional[int] = None, timeout: float = 30.0) -> int:
+    """Files under ``folder``; with ``want``, waiting up to ``timeout`` s for MindSpore's writer thread."""
+    deadline = time.monotonic() + timeout
+    while True:
+        count = sum(len(files) for _, _, files in os.walk(folder))
+        if want is None or count >= want or time.monotonic() > deadline:
+            return count
+        time.sleep(0.2)
 
 
 def scenario_step_filter(workdir: str, emulate: bool) -> Checks:
@@ -416,12 +423,12 @@ def scenario_step_filter(workdir: str, emulate: bool) -> Checks:
         step_cell, x = UserStep(), cn.make_input()
         summary = train(dump, dict(TENSOR, steps="1"), step_cell, train_cell, x, 3)
         device.drain()
-        before = _files_under(user)
+        before = _files_under(user, 1)  # the captured step's file
         for _ in range(3):
             step_cell(x)
             device.sync()
         device.drain()
-    after = _files_under(user) - before
+    after = _files_under(user, before + 3, timeout=5.0 if emulate else 30.0) - before
     return [ac.check_no_problem("step filter", summary.problems, ac.STEP_FILTER),
             ac.check_count("the user's TensorDump files of the 3 steps after detach", after, 3, ac.STEP_FILTER)]
 
