@@ -59,6 +59,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="checkpoint folder of an earlier run (<output_dir>/checkpoint): resume training")
     parser.add_argument("--dump", action="append", default=[], metavar="KEY=VALUE",
                         help="set a key of the CellDumpCallback entry (YAML value), e.g. steps=1-2")
+    parser.add_argument("--set", action="append", default=[], metavar="DOTTED.KEY=VALUE", dest="settings",
+                        help="set a key of the run config (YAML value), e.g. context.jit_config.jit_level=O1")
     parser.add_argument("--python-callback", action="store_true",
                         help="build CellDumpCallback in Python from the YAML entry and pass it as "
                              "Trainer(callbacks=[...]) instead of letting MindFormers build it")
@@ -143,6 +145,17 @@ def load_config(args: argparse.Namespace):
     if args.resume_from:
         config.load_checkpoint = os.path.abspath(args.resume_from)
         config.resume_training = True
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected DOTTED.KEY=VALUE")
+        *parents, last = key.strip().split(".")
+        node = config
+        for name in parents:  # a missing level is created (e.g. context.jit_config in the CPU config)
+            if name not in node:
+                node[name] = type(config)()
+            node = node[name]
+        node[last] = yaml.safe_load(value)
     entry = _celldump_entry(config)
     for item in args.dump:
         key, sep, value = item.partition("=")

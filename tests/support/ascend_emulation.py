@@ -1047,8 +1047,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="other code's P.TensorDump() (MindFormers' training monitor) uses the emulation too")
     parser.add_argument("runner_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    emulator = AscendEmulator(parallel=args.parallel, latency=args.latency, slow_every=args.slow_every,
-                              slow_seconds=args.slow_seconds)
+    # What MindSpore reads from the process environment (EV, AC), and this worker's rank under msrun.
+    environ = {k: os.environ[k] for k in ("MS_DUMP_SLICE_SIZE", "MS_DUMP_WAIT_TIME", "MS_KERNEL_LAUNCH_SKIP")
+               if k in os.environ}
+    emulator = AscendEmulator(rank=int(os.environ.get("RANK_ID", "0")), parallel=args.parallel, latency=args.latency,
+                              slow_every=args.slow_every, slow_seconds=args.slow_seconds, environ=environ)
     _install(emulator)
     if args.user_tensordump:
         _install_user_tensordump(emulator)
