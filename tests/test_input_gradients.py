@@ -190,3 +190,59 @@ def _check_processed(entry, want, dump_path):
         np.testing.assert_array_equal(array, want)
         return
     _check_statistics(entry, want)
+
+
+class Carry(nn.Cell):
+    """A layer in MindFormers' shape: ``(x, extra, carried)`` -> ``(y, extra + loss term, carried)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Dense(gn.HIDDEN, gn.HIDDEN)
+
+    def construct(self, x, extra, carried):
+        y = self.proj(x)
+        return y, extra + y.sum() * 0.5, carried
+
+
+class ConstantStart(nn.Cell):
+    """The first layer gets constant tensors (like ``init_extra_loss``); one passes through every layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Dense(gn.HIDDEN, gn.HIDDEN)
+        self.layers = nn.CellList([Carry(), Carry()])
+        self.extra = ms.Tensor([0.0], ms.float32)
+        self.carried = ms.Tensor([0.0], ms.float32)
+
+    def construct(self, x):
+        x, extra, carried = self.embed(x), self.extra, self.carried
+        for index in range(2):
+            x, extra, carried = self.layers[index](x, extra, carried)
+        return x.sum() + extra.sum() + carried.sum() * 2.0
+
+
+def _constant_start_records(tmp_path, mode):
+    gn.set_mode(mode)
+    net = ConstantStart()
+    for index, param in enumerate(net.trainable_params()):
+        param.set_data(ms.Tensor(np.random.RandomState(index).randn(*param.shape).astype(np.float32)))
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "tensor", "backend": "host",
+                                      "parameters": False, "process_on_train_end": False})
+    with dump.step(0):
+        train(ms.Tensor(np.random.RandomState(7).randn(gn.ROWS, gn.HIDDEN).astype(np.float32)))
+    dump.detach()
+    return {key: value for key, value in _records(str(tmp_path)).items() if isinstance(value, np.ndarray)}
+
+
+def test_graph_records_gradients_of_constant_tensor_arguments(tmp_path):
+    """Graph mode records what PyNative records when a call's tensor argument is a compile-time constant:
+    its gradient, and the gradient of the output that passes it on, equal to PyNative's."""
+    pynative = _constant_start_records(tmp_path / "pynative", "pynative")
+    graph = _constant_start_records(tmp_path / "graph", "graph")
+    for rank in (1, 2):
+        assert ("layers.0", "backward", "a", (rank,), 0) in graph
+    assert ("layers.0", "backward", "o", (2,), 0) in graph
+    assert sorted(graph, key=str) == sorted(pynative, key=str)
+    for key, value in pynative.items():
+        np.testing.assert_allclose(graph[key], value, rtol=1e-6, err_msg=str(key))

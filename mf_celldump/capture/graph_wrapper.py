@@ -164,6 +164,7 @@ def _input_tie(input_tie: Optional[InputTie], class_name: str = "", gaps: Option
     from mindspore.ops.primitive import constexpr
 
     tie_op = ops.InsertGradientOf(input_tie.on_gradients) if input_tie is not None else None
+    unfolded = _constant_unfolder()
     no_gradient = input_tie.no_gradient if input_tie is not None else None
     float_types = differentiable_dtypes()
 
@@ -206,9 +207,33 @@ def _input_tie(input_tie: Optional[InputTie], class_name: str = "", gaps: Option
             return values
         if not differentiable(dtypes_of(tensors)):
             return put_back(values, no_gradient(tensors))
-        return put_back(values, tie_op(tensors))
+        return put_back(values, tie_op(unfolded(tensors, tensors)))
 
     return tie
+
+
+def _constant_unfolder() -> Callable:
+    """``unfolded(tensors, anchor) -> tensors``: each compile-time constant tensor ``depend``-ed on ``anchor``.
+
+    A constant tensor argument (MindFormers' ``init_extra_loss`` handed to the first layer) stays a
+    constant through ``InsertGradientOf`` (its abstract keeps the value), so the compiler folds the
+    probe's input to the constant and autodiff builds no bprop for that probe, nor for anything on
+    the path from it to the call's outputs: the input's gradient and the gradient of an output that
+    passes it through are lost (a tie after the probes received it; one before them gets zeros). After
+    ``depend`` on the call's tensors it is a node of the graph like a mask from the batch, so the
+    tie's join keeps its gradient. ``depend`` returns its first input: no value changes."""
+    from mindspore import ops
+    from mindspore.ops.functional import isconstant
+
+    depend = ops.depend
+
+    def unfolded(tensors, anchor):
+        if not tensors:
+            return ()
+        first = depend(tensors[0], anchor) if isconstant(tensors[0]) else tensors[0]
+        return (first,) + unfolded(tensors[1:], anchor)
+
+    return unfolded
 
 
 def _constant_collectors(extend: Callable):
