@@ -253,7 +253,8 @@ def describe_dump(dump_path: str, rank: Optional[int] = None) -> str:
         files = len(os.listdir(tensor_dir)) if os.path.isdir(tensor_dir) else 0
         where = f"{files} tensor files in dump_tensor_data/" if os.path.isdir(tensor_dir) else "statistics only"
         lines.append(f"  {os.path.relpath(folder, dump_path)}: {entries} entries (cell calls, forward and "
-                     f"backward, and weight gradients), {tensors} tensors ({where}), {values} non-tensor values")
+                     f"backward, and weight gradients), {tensors} tensors ({where}), {values} non-tensor "
+                     f"value{'' if values == 1 else 's'}")
     raw = os.path.join(dump_path, "_raw")
     leftovers = sorted(os.path.relpath(p, dump_path) for p in glob.glob(os.path.join(raw, "rank*", "step*")))
     if leftovers:

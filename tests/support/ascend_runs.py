@@ -7,11 +7,9 @@ emulator's primitives, and small readers of the processed output.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Optional
 
-import numpy as np
 import pytest
 
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
@@ -19,32 +17,12 @@ from mf_celldump.config import DumpConfig
 from mf_celldump.integrations.run import TrainingRun
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
+from tests.support.processed import read_output
 
 
 def output_of(dump_path, step):
     """{(entry, io, index): leaf} and {file name: array} of a processed step."""
-    folder = os.path.join(dump_path, f"step{step}", "rank")
-    with open(os.path.join(folder, fmt.DUMP_JSON), encoding="utf-8") as handle:
-        data = json.load(handle)["data"]
-    leaves = {}
-    for entry, body in data.items():
-        if ".parameters_grad." in entry:  # {weight: [T]}
-            leaves.update(((entry, "parameters_grad", name), items[0]) for name, items in body.items())
-            continue
-        for name, leaf in body.get("parameters", {}).items():
-            leaves[(entry, "parameters", name)] = leaf
-        for io, values in (("input", body["input_args"]), ("output", body["output"])):
-            for index, leaf in enumerate(values):
-                if leaf is not None and leaf.get("type") == "mindspore.Tensor":
-                    leaves[(entry, io, index)] = leaf
-        for name, leaf in body["input_kwargs"].items():
-            if leaf is not None and leaf.get("type") == "mindspore.Tensor":
-                leaves[(entry, "kwarg", name)] = leaf
-    tensor_dir = os.path.join(folder, fmt.TENSOR_DIR)
-    arrays = {}
-    if os.path.isdir(tensor_dir):
-        arrays = {n: np.load(os.path.join(tensor_dir, n), allow_pickle=False) for n in os.listdir(tensor_dir)}
-    return leaves, arrays
+    return read_output(dump_path, step)
 
 
 def step_folders(dump_path):
