@@ -164,11 +164,10 @@ def test_every_check_passes_without_a_defect(clean):
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
-def test_each_defect_put_back_makes_a_check_fail_naming_it(tmp_path, monkeypatch, defect, capsys):
+def test_each_defect_put_back_makes_a_check_fail_naming_it(tmp_path, monkeypatch, defect):
     scenario, inject = DEFECTS[defect]
     inject(monkeypatch)
     checks = _run(scenario, tmp_path / "run")
     failed = [text for ok, text in checks if not ok]
-    with capsys.disabled():
-        print(f"\n  {defect}: " + (" | ".join(f"FAIL {text}" for text in failed) or "no FAIL"))
+    print(f"{defect}: " + (" | ".join(f"FAIL {text}" for text in failed) or "no FAIL"))  # shown with -s / -rA
     assert any(text.startswith(f"[{defect}]") for text in failed), checks
