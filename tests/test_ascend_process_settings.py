@@ -273,20 +273,6 @@ def test_the_tensordump_channel_exists_only_under_backend_policy_ge(tmp_path):
 
 
 # -- big dumps --------------------------------------------------------------------------------------
-class Doubles(nn.Cell):
-    def construct(self, x):
-        return x * 2.0
-
-
-class Big(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.double = Doubles()
-
-    def construct(self, x):
-        return self.double(x).sum()
-
-
 BIG = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024) / 1000.0  # 2 MiB
 LIMIT = 1 << 20  # what the emulated device can put on the channel in one piece
 
@@ -295,7 +281,7 @@ def _dump_big(tmp_path, environ):
     cn.set_mode("graph")
     emulator = AscendEmulator(environ=environ, device=DeviceSettings(mbuf_limit_bytes=LIMIT))
     try:
-        dump = mf_celldump.attach(Big(), dict(TENSOR, dump_path=str(tmp_path), data_mode="forward"),
+        dump = mf_celldump.attach(cn.Big(), dict(TENSOR, dump_path=str(tmp_path), data_mode="forward"),
                                   primitives=emulator.primitives())
         try:
             with dump.step(0):

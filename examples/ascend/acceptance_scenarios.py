@@ -452,20 +452,6 @@ def scenario_second_kind(workdir: str, emulate: bool) -> Checks:
 SLICE_ENV = {"MS_DUMP_SLICE_SIZE": "1", "MS_DUMP_WAIT_TIME": "60"}
 
 
-class Doubles(nn.Cell):
-    def construct(self, x):
-        return x * 2.0
-
-
-class Big(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.double = Doubles()
-
-    def construct(self, x):
-        return self.double(x).sum()
-
-
 @contextlib.contextmanager
 def environment(values: Dict[str, Optional[str]]) -> Iterator[None]:
     """``os.environ`` changed for the block (None: unset): what attach reads on an NPU."""
@@ -487,7 +473,7 @@ def scenario_slicing(workdir: str, emulate: bool) -> Checks:
 
     unset = {"MS_DUMP_SLICE_SIZE": None, "MS_DUMP_WAIT_TIME": None}
     with Device(emulate, {"environ": {}}), environment(unset), logged() as log:
-        mf_celldump.attach(Big(), dict(TENSOR, dump_path=os.path.join(workdir, "advised"))).detach()
+        mf_celldump.attach(cn.Big(), dict(TENSOR, dump_path=os.path.join(workdir, "advised"))).detach()
     advice = ac.check_said("attach without MS_DUMP_SLICE_SIZE", log.getvalue(), "export MS_DUMP_SLICE_SIZE=",
                            ac.SLICING)
     rows = 512 if emulate else 16384
@@ -496,7 +482,7 @@ def scenario_slicing(workdir: str, emulate: bool) -> Checks:
     options = {"environ": dict(SLICE_ENV), "device": DeviceSettings(mbuf_limit_bytes=1 << 20)} if emulate else {}
     with Device(emulate, options) as device:
         held: Dict[str, object] = {}
-        net = Big()
+        net = cn.Big()
         error = _error(lambda: held.__setitem__("dump", _attach_once(dump, net, dict(TENSOR, data_mode="forward"),
                                                                       lambda: net(Tensor(value)))))
         device.drain()

@@ -136,3 +136,19 @@ CAPTURED_CELLS = {
     "act": "ReLU",
 }
 CALLS_PER_STEP = {name: (2 if name == "shared" else 1) for name in CAPTURED_CELLS}
+
+
+class Doubles(nn.Cell):
+    def construct(self, x):
+        return x * 2.0
+
+
+class Big(nn.Cell):
+    """One cell between input and loss: a dump whose size is the input's (the channel-limit tests)."""
+
+    def __init__(self):
+        super().__init__()
+        self.double = Doubles()
+
+    def construct(self, x):
+        return self.double(x).sum()
