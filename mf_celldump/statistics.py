@@ -103,19 +103,26 @@ class StatsAccumulator:
         self.count += chunk.size
         if "md5" in wanted:
             self._crc = zlib.crc32(np.ascontiguousarray(chunk).tobytes(), self._crc)
+        counts = self.dtype.kind == "f" and ("nan_count" in wanted or "inf_count" in wanted)
+        high = chunk.max().item() if "max" in wanted or counts else None
+        low = chunk.min().item() if "min" in wanted or counts else None
         if "max" in wanted:
-            values.max = _nan_aware(max, values.max, chunk.max().item())
+            values.max = _nan_aware(max, values.max, high)
         if "min" in wanted:
-            values.min = _nan_aware(min, values.min, chunk.min().item())
+            values.min = _nan_aware(min, values.min, low)
         if "mean" in wanted or "norm" in wanted:
             wide = chunk.astype(np.float64, copy=False).ravel()
             self._sum += float(wide.sum())
             self._squares += float(np.dot(wide, wide))
-        if self.dtype.kind == "f" and "nan_count" in wanted:
-            values.nan_count += int(np.count_nonzero(np.isnan(chunk)))
-        if self.dtype.kind == "f" and "inf_count" in wanted:
-            values.inf_count += int(np.count_nonzero(np.isinf(chunk)))
+        if counts and not (math.isfinite(high) and math.isfinite(low)):
+            self._count_non_finite(chunk)  # finite max and min: no NaN and no Inf (two passes saved)
         return self
+
+    def _count_non_finite(self, chunk: np.ndarray) -> None:
+        if "nan_count" in self.wanted:
+            self._values.nan_count += int(np.count_nonzero(np.isnan(chunk)))
+        if "inf_count" in self.wanted:
+            self._values.inf_count += int(np.count_nonzero(np.isinf(chunk)))
 
     def result(self) -> Dict[str, Any]:
         values = self._values
