@@ -149,7 +149,7 @@ def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str
             first = seen.get((io, label))
             if first is not None:
                 if len(repeated) <= MAX_NAMED_REPEATS:
-                    repeated.append(capture.origin if len(repeated) == MAX_NAMED_REPEATS else
+                    repeated.append(str(capture.origin) if len(repeated) == MAX_NAMED_REPEATS else
                                     f"{capture.origin}: a second capture of {entry.name}.{io}.{label} "
                                     f"(first: {first.origin}); not used, raw data kept")
                 unnamed += len(repeated) > MAX_NAMED_REPEATS

@@ -7,6 +7,29 @@ from typing import Dict, Optional, Tuple
 from mf_celldump.rawformat.keys import ProbeKey
 
 
+class LineOrigin:
+    """``file:line`` of a value read from a text file, as it is printed; the file's path is one string
+    shared by all its lines (a value costs a line number, not a copy of the path)."""
+
+    __slots__ = ("path", "line")
+
+    def __init__(self, path: str, line: int):
+        self.path = path
+        self.line = line
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __eq__(self, other) -> bool:
+        return str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+
 class Capture:
     """A value captured at ``seq``: from a raw file (``file``: its name in the step folder),
     a records.jsonl line or a csv row.

@@ -8,7 +8,10 @@ elsewhere is a problem (the raw step is then kept) but never stops the other lin
 Reading costs memory for the values a file holds, never for its repetitions or its
 garbage: every captured value has its own ``seq``, so a line whose ``seq`` an earlier
 line had is a repeat, named as a problem and not kept; and at most ``MAX_NAMED_PROBLEMS``
-problem lines are named one by one, the rest counted in one more line.
+problem lines are named one by one, the rest counted in one more line. What a value
+keeps is compact: its strings (direction, dtype, statistics names) and its key are
+shared with the earlier values that had the same, and its origin is a path shared by the
+file and a line number.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.rawformat.captured import Capture
+from mf_celldump.rawformat.captured import Capture, LineOrigin
 from mf_celldump.rawformat.keys import (
     DIRECTIONS,
     KIND_TENSOR,
@@ -45,6 +48,7 @@ FIELDS = {
 }
 MAX_LINE_BYTES = 1 << 20  # a record is a few hundred bytes; anything longer is not ours
 MAX_NAMED_PROBLEMS = 20  # problem lines named per file; the others are counted
+SHARED_LIMIT = 1 << 16  # distinct strings and keys shared per file; beyond, each value keeps its own
 
 
 def encode_record(key: ProbeKey, seq: int, **payload: Any) -> str:
@@ -69,7 +73,7 @@ class RecordsRead:
             self.problems.append(text)
             return
         self.unnamed += 1
-        self.first_unnamed = self.first_unnamed or origin
+        self.first_unnamed = self.first_unnamed or str(origin)
 
     def finish(self, path: str) -> RecordsRead:
         if self.unnamed:
@@ -78,11 +82,36 @@ class RecordsRead:
         return self
 
 
+class _Shared:
+    """One object per distinct string or key of a file, up to ``SHARED_LIMIT`` of each (a graph-mode
+    key repeats once per call, a dtype or a statistics name on every line)."""
+
+    def __init__(self):
+        self._strings: Dict[str, str] = {}
+        self._keys: Dict[tuple, ProbeKey] = {}
+
+    def string(self, text: str) -> str:
+        found = self._strings.get(text)
+        if found is None:
+            found = text
+            if len(self._strings) < SHARED_LIMIT:
+                self._strings[text] = text
+        return found
+
+    def key(self, fields: tuple) -> ProbeKey:
+        found = self._keys.get(fields)
+        if found is None:
+            found = ProbeKey(*fields)
+            if len(self._keys) < SHARED_LIMIT:
+                self._keys[fields] = found
+        return found
+
+
 def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _key(obj: dict) -> ProbeKey:
+def _key(obj: dict, shared: _Shared) -> ProbeKey:
     cell = _int(obj.get("cell"))
     direction, slot, kind = obj.get("dir"), obj.get("slot"), obj.get("kind")
     call, path = obj.get("call"), obj.get("path")
@@ -96,17 +125,19 @@ def _key(obj: dict) -> ProbeKey:
         _int(p) is None or not 0 <= p < MAX_INDEX for p in path
     ):
         raise ValueError(f"invalid path (1 to {MAX_PATH_DEPTH} integers in [0, {MAX_INDEX}))")
-    return ProbeKey(cell, direction, slot, kind, tuple(path), call)
+    return shared.key((cell, shared.string(direction), shared.string(slot), shared.string(kind), tuple(path), call))
 
 
-def decode_record(obj: Any, origin: str, order: int) -> Capture:
-    """A capture from one parsed line; ValueError says what is wrong with it."""
+def decode_record(obj: Any, origin, order: int, shared: Optional[_Shared] = None) -> Capture:
+    """A capture from one parsed line; ValueError says what is wrong with it. ``shared``: the strings and
+    keys of the file's earlier lines."""
+    shared = shared or _Shared()
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     seq = _int(obj.get("seq"))
     if seq is None:
         raise ValueError("'seq' must be an integer")
-    key = _key(obj)
+    key = _key(obj, shared)
     if key.kind != KIND_TENSOR:
         value = obj.get("value")
         if not (value is None or isinstance(value, (bool, int, float))):
@@ -119,7 +150,8 @@ def decode_record(obj: Any, origin: str, order: int) -> Capture:
         raise ValueError("a tensor record needs 'dtype' (string) and 'stats' (object)")
     if len(stats) > 16 or not all(isinstance(k, str) and _stat_value(v) for k, v in stats.items()):
         raise ValueError("'stats' must map at most 16 names to numbers, bools, short strings or null")
-    return Capture(seq, order, key, origin, dtype=dtype, shape=tuple(shape), stats=stats)
+    stats = {shared.string(name): value for name, value in stats.items()}
+    return Capture(seq, order, key, origin, dtype=shared.string(dtype), shape=tuple(shape), stats=stats)
 
 
 def _stat_value(value: Any) -> bool:
@@ -139,18 +171,19 @@ def read_records_stream(handle, path: str, first_order: int) -> RecordsRead:
     without its newline that does not parse is a torn write (a warning).
     """
     out = RecordsRead()
+    shared = _Shared()
     first_line: Dict[int, int] = {}  # seq -> the line that gave it
     if not isinstance(handle, io.BufferedIOBase):
         handle = io.BufferedReader(handle, 1 << 16)
     for number, raw, complete in _lines(handle, out):
-        origin = f"{path}:{number}"
+        origin = LineOrigin(path, number)
         if raw is None:
             out.problem(f"{origin}: unusable record (line longer than {MAX_LINE_BYTES} bytes)", origin)
             continue
         if not raw.strip():
             continue
         try:
-            capture = decode_record(json.loads(raw), origin, first_order + number)
+            capture = decode_record(json.loads(raw), origin, first_order + number, shared)
         except (ValueError, RecursionError) as err:
             if not complete:
                 out.warnings.append(f"{origin}: torn last line skipped (the run stopped while writing it)")
