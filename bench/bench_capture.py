@@ -554,6 +554,9 @@ def graph_worker(args) -> dict:
     timers.restore()
     files, nbytes = _raw_step_sizes(dump_path)
     floor = _write_floor(dump_path) if task == "tensor" else None
+    if floor is not None:
+        floor["beside_training"] = _write_floor_beside_training(
+            dump_path, lambda n: _timed_steps(plain, batches, nocap, n, 1, None, True)[0][0])
     return {
         "write_floor": floor,
         "config": name,
@@ -615,6 +618,39 @@ def _write_floor(dump_path: str, rounds: int = 5) -> dict:
     shutil.rmtree(target, ignore_errors=True)
     return {"files": len(arrays), "bytes": int(sum(a.nbytes for a in arrays)), "ms": stats_mod.median(saved[1:]),
             "all_ms": saved, "ours_alone_ms": stats_mod.median(ours[1:]), "ours_all_ms": ours}
+
+
+def _write_floor_beside_training(dump_path: str, plain_step) -> dict:
+    """The same bytes written by a plain ``np.save`` loop on a thread while the plain network trains (as the
+    writer thread writes beside a captured step, sharing the cores with training): the loop's time, the
+    plain steps that ran meanwhile and their median time."""
+    import threading
+
+    import numpy as np
+
+    raw = os.path.join(dump_path, "_raw", "rank0")
+    folders = sorted((d for d in os.listdir(raw) if d.startswith("step")), key=lambda d: int(d[4:]))
+    folder = os.path.join(raw, folders[-1])
+    arrays = [np.load(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".npy")]
+    target = os.path.join(dump_path, "floor-beside")
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    result = {}
+
+    def save():
+        t0 = time.perf_counter()
+        for i, array in enumerate(arrays):
+            np.save(os.path.join(target, f"{i}.npy"), array, allow_pickle=False)
+        result["ms"] = (time.perf_counter() - t0) * 1000.0
+
+    thread = threading.Thread(target=save)
+    steps = []
+    thread.start()
+    while thread.is_alive():
+        steps.append(plain_step(len(steps)))
+    thread.join()
+    shutil.rmtree(target, ignore_errors=True)
+    return {"ms": result["ms"], "plain_steps": len(steps), "plain_step_ms": stats_mod.median(steps)}
 
 
 # ---------------------------------------------------------------------------
@@ -1002,6 +1038,11 @@ def _floor_text(results) -> str:
                      f"{floor['bytes'] / 1e6:.1f} MB, same disk, median of rounds 2-{len(floor['all_ms'])}; the first "
                      f"{floor['all_ms'][0]:.1f} ms): {floor['ms']:.1f} ms; "
                      f"the writer thread's writes per captured step (median): {ours or float('nan'):.1f} ms{ratio}")
+        beside = floor.get("beside_training")
+        if beside:
+            lines.append(f"{res['config']}: the same np.save loop on a thread while the plain network trains: "
+                         f"{beside['ms']:.1f} ms ({beside['plain_steps']} plain steps meanwhile, median "
+                         f"{beside['plain_step_ms']:.1f} ms)")
         alone = floor.get("ours_alone_ms")
         if alone:
             lines.append(f"{res['config']}: the raw writer alone on the same files, in the same rounds (nothing else "

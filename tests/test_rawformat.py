@@ -6,6 +6,7 @@ The expected names here come from ``tests/support/formats.py`` (literal), not fr
 import json
 import os
 
+import numpy as np
 import pytest
 
 from mf_celldump.rawformat import keys, manifest, names, records, spec
@@ -127,3 +128,38 @@ def test_records_round_trip_and_refuse_what_is_not_ours():
     read = records.read_records(line.encode() + deep + b"\n" + b'{"seq": 1}\n', "r.jsonl", 0)
     assert len(read.captures) == 1 and read.captures[0].key == key
     assert len(read.problems) == 2 and "r.jsonl:2" in read.problems[0]
+
+
+def test_records_written_in_batches_keep_every_line_in_order_before_the_step_marker(tmp_path):
+    """Records go to the writer thread a batch at a time; a tensor, a completed step or a flush hands over
+    what is pending first, so nothing is lost or reordered and the marker follows the step's last line."""
+    from mf_celldump.rawformat.keys import ProbeKey
+    from mf_celldump.rawformat.writer import RECORD_BATCH, RawWriter
+
+    writer = RawWriter(str(tmp_path), 0, "run")
+    seen_marker_with = []
+    real_mark = writer._mark_complete
+
+    def mark(step, path, extra):
+        with open(os.path.join(path, names.RECORDS_FILE)) as handle:  # the step's lines, as the marker sees them
+            seen_marker_with.append(sum(1 for _ in handle))
+        real_mark(step, path, extra)
+
+    writer._mark_complete = mark
+    key = ProbeKey(0, "forward", "o", "i", (0,))
+    count = RECORD_BATCH * 2 + 5
+    for step in (0, 1):
+        writer.prepare_step(step)
+        for seq in range(count):
+            writer.append_record(step, key, seq, value=seq)
+            if seq == RECORD_BATCH + 3:
+                writer.write_tensor(step, key.with_kind("t"), np.zeros(2, np.float32), "float32", 10_000 + seq)
+        writer.complete_step(step)
+    writer.flush()
+    writer.close()
+    assert seen_marker_with == [count, count]
+    for step in (0, 1):
+        folder = writer.step_dir(step)
+        with open(os.path.join(folder, names.RECORDS_FILE)) as handle:
+            assert [json.loads(line)["seq"] for line in handle] == list(range(count))
+        assert os.path.exists(os.path.join(folder, names.STEP_DONE_FILE))

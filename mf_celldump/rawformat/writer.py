@@ -1,8 +1,8 @@
 """Writes one rank's raw capture tree: manifest, step folders, tensors, records, markers.
 
 Everything written here is readable after a kill at any moment: tensors go to a
-temporary name and are renamed, records are whole lines flushed one at a time (a torn
-last line is detected by processing), the manifest and step markers are atomic.
+temporary name and are renamed, records are whole lines (written a batch at a time; a
+torn last line is detected by processing), the manifest and step markers are atomic.
 Tensors, records and step markers are written by one thread beside training
 (``writer_thread``), in the order they were handed over: a step's marker comes after
 every file of the step, and is left out when one of them failed, so training never
@@ -32,6 +32,12 @@ from mf_celldump.rawformat.writer_thread import WriterThread
 
 logger = logging.getLogger(__name__)
 
+# Records handed to the writer thread together: one hand-over and one write per batch, not per value
+# (under a busy training step each hand-over costs a wake-up of the thread and its locks). A batch
+# also goes when anything else is handed over, when a step is completed and on flush, so the order
+# of the writer thread's work is the order of the calls.
+RECORD_BATCH = 64
+
 
 class RawWriter:
     """Owns ``{dump_path}/_raw/rank{R}/`` for one attached dump."""
@@ -51,6 +57,8 @@ class RawWriter:
         self._lock = threading.Lock()
         self._thread = WriterThread(f"mf_celldump-writer-rank{rank}", inline=not self.background)
         self._files = NpyFileWriter()
+        self._batch: List[Tuple[int, str, ProbeKey, int, dict]] = []  # records not handed over yet
+        self._batch_lock = threading.Lock()  # capture ops may run on several MindSpore threads
         self._failures_seen = 0  # the thread's failure count when the last step marker was due
 
     # -- layout --------------------------------------------------------------------
@@ -123,6 +131,7 @@ class RawWriter:
         The writer keeps ``array`` until it is saved: the caller must not change it.
         """
         path = os.path.join(self.step_dir(step), names.raw_tensor_file_name(key, dtype_name, seq))
+        self._hand_over_records()
         self._thread.submit(lambda: self._files.write(path, [numpy_header(array), numpy_data(array)]), array.nbytes)
 
     def write_tensordump_files(self, step: int, files: List[Tuple[ProbeKey, np.ndarray, str, int, object]]) -> None:
@@ -132,6 +141,7 @@ class RawWriter:
         folder = self.step_dir(step)
         jobs = [(os.path.join(folder, names.raw_tensor_file_name(key, dtype, seq)), array, keep)
                 for key, array, dtype, seq, keep in files]
+        self._hand_over_records()
 
         def job():
             for path, array, _kept in jobs:
@@ -140,14 +150,38 @@ class RawWriter:
         self._thread.submit(job, sum(array.nbytes for _, array, _ in jobs))
 
     def append_record(self, step: int, key: ProbeKey, seq: int, **payload) -> None:
-        folder = self.step_dir(step)
-        self._thread.submit(lambda: self._append_line(step, folder, encode_record(key, seq, **payload)))
+        """One records.jsonl line, encoded and written by the writer thread with the rest of its batch."""
+        item = (step, self.step_dir(step), key, seq, payload)
+        with self._batch_lock:
+            self._batch.append(item)
+            full = len(self._batch) >= RECORD_BATCH
+        if full:
+            self._hand_over_records()
+
+    def _hand_over_records(self) -> None:
+        with self._batch_lock:
+            batch, self._batch = self._batch, []
+        if batch:
+            self._thread.submit(lambda: self._append_batch(batch))
+
+    def _append_batch(self, batch: List[Tuple[int, str, ProbeKey, int, dict]]) -> None:
+        """The batch's lines, one write per run of lines of the same step."""
+        start = 0
+        while start < len(batch):
+            step, folder = batch[start][0], batch[start][1]
+            end = start
+            while end < len(batch) and batch[end][0] == step:
+                end += 1
+            self._append_line(step, folder, "".join(encode_record(key, seq, **payload)
+                                                    for _, _, key, seq, payload in batch[start:end]))
+            start = end
 
     def append_computed_record(self, step: int, key: ProbeKey, seq: int, payload: Callable[[], dict],
                                nbytes: int = 0) -> None:
         """A record whose fields ``payload()`` computes on the writer thread (e.g. statistics of a host array
         of ``nbytes`` that the writer keeps until then)."""
         folder = self.step_dir(step)
+        self._hand_over_records()
         self._thread.submit(lambda: self._append_line(step, folder, encode_record(key, seq, **payload())), nbytes)
 
     def _append_line(self, step: int, folder: str, line: str) -> None:
@@ -160,6 +194,7 @@ class RawWriter:
 
     def flush(self) -> None:
         """Wait until everything handed over is written; raises the first write failure since the last call."""
+        self._hand_over_records()
         self._thread.drain()
 
     def complete_step(self, step: int, extra: Optional[dict] = None) -> None:
@@ -170,6 +205,7 @@ class RawWriter:
         which reports it) and the failure is raised by the next ``flush``.
         """
         path = self.step_dir(step)
+        self._hand_over_records()
         self._thread.submit(lambda: self._mark_complete(step, path, extra))
 
     def _mark_complete(self, step: int, path: str, extra: Optional[dict]) -> None:
@@ -188,6 +224,7 @@ class RawWriter:
             write_step_done(safe_join(path, names.STEP_DONE_FILE), step, self.run_id, fields)
 
     def close(self) -> None:
+        self._hand_over_records()
         self._thread.stop()
         with self._lock:
             handles, self._records = list(self._records.values()), {}
