@@ -581,6 +581,16 @@ def graph_worker(args) -> dict:
     }
 
 
+def _last_step_arrays(dump_path: str) -> list:
+    """The arrays of the last raw step's ``.npy`` files (what one captured step wrote)."""
+    import numpy as np
+
+    raw = os.path.join(dump_path, "_raw", "rank0")
+    folders = sorted((d for d in os.listdir(raw) if d.startswith("step")), key=lambda d: int(d[4:]))
+    folder = os.path.join(raw, folders[-1])
+    return [np.load(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".npy")]
+
+
 def _write_floor(dump_path: str, rounds: int = 5) -> dict:
     """The floor of writing one captured step: the same bytes (the last raw step's ``.npy`` files, loaded
     untimed) written by a plain loop of ``np.save`` into new folders of the same dump (same disk), and, in
@@ -595,10 +605,7 @@ def _write_floor(dump_path: str, rounds: int = 5) -> dict:
 
     from mf_celldump.rawformat.npy_files import NpyFileWriter, numpy_data, numpy_header
 
-    raw = os.path.join(dump_path, "_raw", "rank0")
-    folders = sorted((d for d in os.listdir(raw) if d.startswith("step")), key=lambda d: int(d[4:]))
-    folder = os.path.join(raw, folders[-1])
-    arrays = [np.load(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".npy")]
+    arrays = _last_step_arrays(dump_path)
     target = os.path.join(dump_path, "floor")
     shutil.rmtree(target, ignore_errors=True)
     ours, saved = [], []
@@ -628,10 +635,7 @@ def _write_floor_beside_training(dump_path: str, plain_step) -> dict:
 
     import numpy as np
 
-    raw = os.path.join(dump_path, "_raw", "rank0")
-    folders = sorted((d for d in os.listdir(raw) if d.startswith("step")), key=lambda d: int(d[4:]))
-    folder = os.path.join(raw, folders[-1])
-    arrays = [np.load(os.path.join(folder, n)) for n in sorted(os.listdir(folder)) if n.endswith(".npy")]
+    arrays = _last_step_arrays(dump_path)
     target = os.path.join(dump_path, "floor-beside")
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target)
