@@ -464,11 +464,19 @@ def _measured_steps(args, train, batches, capture, step: int, dump, timers) -> d
     return got
 
 
+def _switch_interval_experiment() -> None:
+    """``MF_BENCH_SWITCH_INTERVAL`` (seconds): the interpreter's GIL switch interval for this worker, to see
+    how much of the writer thread's time inside a step is waiting for the lock (default 0.005)."""
+    if os.environ.get("MF_BENCH_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["MF_BENCH_SWITCH_INTERVAL"]))
+
+
 def worker(args) -> dict:
     import mindspore  # noqa: F401  -- before msprobe (protobuf descriptor order)
 
     name = args.worker
     workdir = os.getcwd()
+    _switch_interval_experiment()
     net, train = _build(args.seed)
     batches = _batches(args.warmup + args.inproc_baseline + 1 + args.steps, args.seed)
     # 1) uncaptured warm-up, 2) same-process uncaptured baseline, 3) capture on
@@ -521,8 +529,7 @@ def graph_worker(args) -> dict:
     name = args.worker
     task = "tensor" if "tensor" in name else "statistics"
     dump_path = os.path.join(os.getcwd(), "dump")
-    if os.environ.get("MF_BENCH_SWITCH_INTERVAL"):  # experiment: the interpreter's GIL hand-over interval
-        sys.setswitchinterval(float(os.environ["MF_BENCH_SWITCH_INTERVAL"]))
+    _switch_interval_experiment()
     _net_plain, plain = _build(args.seed, graph=True)
     _net_cap, train = _build(args.seed, graph=True)
     batches = _batches(args.warmup + 2 * args.steps + 2, args.seed)

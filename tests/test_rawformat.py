@@ -163,3 +163,23 @@ def test_records_written_in_batches_keep_every_line_in_order_before_the_step_mar
         with open(os.path.join(folder, names.RECORDS_FILE)) as handle:
             assert [json.loads(line)["seq"] for line in handle] == list(range(count))
         assert os.path.exists(os.path.join(folder, names.STEP_DONE_FILE))
+
+
+def test_a_record_that_cannot_be_written_costs_only_itself_and_the_step_marker(tmp_path):
+    from mf_celldump.rawformat.keys import ProbeKey
+    from mf_celldump.rawformat.writer import RawWriter
+
+    writer = RawWriter(str(tmp_path), 0, "run")
+    writer.prepare_step(0)
+    key = ProbeKey(0, "forward", "o", "i", (0,))
+    writer.append_record(0, key, 0, value=1)
+    writer.append_record(0, key, 1, value=object())  # not JSON
+    writer.append_record(0, key, 2, value=3)
+    writer.complete_step(0)
+    with pytest.raises(TypeError):
+        writer.flush()
+    writer.close()
+    folder = writer.step_dir(0)
+    with open(os.path.join(folder, names.RECORDS_FILE)) as handle:
+        assert [json.loads(line)["seq"] for line in handle] == [0, 2]
+    assert not os.path.exists(os.path.join(folder, names.STEP_DONE_FILE))

@@ -165,16 +165,21 @@ class RawWriter:
             self._thread.submit(lambda: self._append_batch(batch))
 
     def _append_batch(self, batch: List[Tuple[int, str, ProbeKey, int, dict]]) -> None:
-        """The batch's lines, one write per run of lines of the same step."""
-        start = 0
-        while start < len(batch):
-            step, folder = batch[start][0], batch[start][1]
-            end = start
-            while end < len(batch) and batch[end][0] == step:
-                end += 1
-            self._append_line(step, folder, "".join(encode_record(key, seq, **payload)
-                                                    for _, _, key, seq, payload in batch[start:end]))
-            start = end
+        """The batch's lines, one write per step; a record that cannot be encoded costs only itself (its error
+        is raised after the others are written, so the step is not marked complete)."""
+        per_step: Dict[int, Tuple[str, List[str]]] = {}
+        error: Optional[Exception] = None
+        for step, folder, key, seq, payload in batch:
+            try:
+                line = encode_record(key, seq, **payload)
+            except (TypeError, ValueError) as err:
+                error = error or err
+                continue
+            per_step.setdefault(step, (folder, []))[1].append(line)
+        for step, (folder, lines) in per_step.items():
+            self._append_line(step, folder, "".join(lines))
+        if error is not None:
+            raise error
 
     def append_computed_record(self, step: int, key: ProbeKey, seq: int, payload: Callable[[], dict],
                                nbytes: int = 0) -> None:
