@@ -183,3 +183,4 @@ def test_a_record_that_cannot_be_written_costs_only_itself_and_the_step_marker(t
     with open(os.path.join(folder, names.RECORDS_FILE)) as handle:
         assert [json.loads(line)["seq"] for line in handle] == [0, 2]
     assert not os.path.exists(os.path.join(folder, names.STEP_DONE_FILE))
+
