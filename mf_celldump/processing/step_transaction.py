@@ -103,6 +103,9 @@ def _covered_by(marker: dict, source: StepSource, inputs: _Inputs) -> bool:
     return all(consumed.get(rel) == size for rel, size in inputs.kbk_sizes.items())
 
 
+_SHAPE_HEAD_BYTES = 4096  # a raw file's header is one 64-byte multiple, far below this
+
+
 def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tuple[int, int], int]) -> ShapeOf:
     """A capture's shape: known for records and csv rows, else read from its ``.npy`` header (the few
     files call pairing asks for); None when the file cannot be read (its task reports why)."""
@@ -114,7 +117,8 @@ def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tupl
         path = os.path.join(raw_dir, capture.file)
         try:
             with fsutil.open_own_file(path, ctx.root_real, our_links) as handle:
-                return tuple(npystats.read_header(handle, path).shape)
+                # the header numpy writes is parsed without literal_eval when its first bytes are given
+                return tuple(npystats.read_header(handle, path, handle.read(_SHAPE_HEAD_BYTES)).shape)
         except (OSError, ValueError, NpyReadError, fsutil.UnsafePathError):
             return None
 
