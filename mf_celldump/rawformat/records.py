@@ -91,20 +91,20 @@ class _Shared:
         self._keys: Dict[tuple, ProbeKey] = {}
 
     def string(self, text: str) -> str:
-        found = self._strings.get(text)
-        if found is None:
-            found = text
-            if len(self._strings) < SHARED_LIMIT:
-                self._strings[text] = text
-        return found
+        return _shared(self._strings, text, lambda: text)
 
     def key(self, fields: tuple) -> ProbeKey:
-        found = self._keys.get(fields)
-        if found is None:
-            found = ProbeKey(*fields)
-            if len(self._keys) < SHARED_LIMIT:
-                self._keys[fields] = found
-        return found
+        return _shared(self._keys, fields, lambda: ProbeKey(*fields))
+
+
+def _shared(table: dict, ident, make):
+    """The object kept for ``ident`` in ``table``, made and kept (while the table has room) on first sight."""
+    found = table.get(ident)
+    if found is None:
+        found = make()
+        if len(table) < SHARED_LIMIT:
+            table[ident] = found
+    return found
 
 
 def _int(value: Any) -> Optional[int]:

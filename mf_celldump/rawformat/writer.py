@@ -131,8 +131,7 @@ class RawWriter:
         The writer keeps ``array`` until it is saved: the caller must not change it.
         """
         path = os.path.join(self.step_dir(step), names.raw_tensor_file_name(key, dtype_name, seq))
-        self._hand_over_records()
-        self._thread.submit(lambda: self._files.write(path, [numpy_header(array), numpy_data(array)]), array.nbytes)
+        self._submit(lambda: self._files.write(path, [numpy_header(array), numpy_data(array)]), array.nbytes)
 
     def write_tensordump_files(self, step: int, files: List[Tuple[ProbeKey, np.ndarray, str, int, object]]) -> None:
         """The files ``ops.TensorDump`` writes, ``(key, array, dtype name, id, keep)`` each: under the raw name of
@@ -141,13 +140,12 @@ class RawWriter:
         folder = self.step_dir(step)
         jobs = [(os.path.join(folder, names.raw_tensor_file_name(key, dtype, seq)), array, keep)
                 for key, array, dtype, seq, keep in files]
-        self._hand_over_records()
 
         def job():
             for path, array, _kept in jobs:
                 self._files.write(path, [tensordump_header(array), c_order_data(array)])
 
-        self._thread.submit(job, sum(array.nbytes for _, array, _ in jobs))
+        self._submit(job, sum(array.nbytes for _, array, _ in jobs))
 
     def append_record(self, step: int, key: ProbeKey, seq: int, **payload) -> None:
         """One records.jsonl line, encoded and written by the writer thread with the rest of its batch."""
@@ -163,6 +161,12 @@ class RawWriter:
             batch, self._batch = self._batch, []
         if batch:
             self._thread.submit(lambda: self._append_batch(batch))
+
+    def _submit(self, job: Callable[[], None], nbytes: int = 0) -> None:
+        """Every job but a records batch goes through here: the pending records go first, so the writer
+        thread's order is the order of the calls."""
+        self._hand_over_records()
+        self._thread.submit(job, nbytes)
 
     def _append_batch(self, batch: List[Tuple[int, str, ProbeKey, int, dict]]) -> None:
         """The batch's lines, one write per step; a record that cannot be encoded costs only itself (its error
@@ -186,8 +190,7 @@ class RawWriter:
         """A record whose fields ``payload()`` computes on the writer thread (e.g. statistics of a host array
         of ``nbytes`` that the writer keeps until then)."""
         folder = self.step_dir(step)
-        self._hand_over_records()
-        self._thread.submit(lambda: self._append_line(step, folder, encode_record(key, seq, **payload())), nbytes)
+        self._submit(lambda: self._append_line(step, folder, encode_record(key, seq, **payload())), nbytes)
 
     def _append_line(self, step: int, folder: str, line: str) -> None:
         with self._lock:
@@ -210,8 +213,7 @@ class RawWriter:
         which reports it) and the failure is raised by the next ``flush``.
         """
         path = self.step_dir(step)
-        self._hand_over_records()
-        self._thread.submit(lambda: self._mark_complete(step, path, extra))
+        self._submit(lambda: self._mark_complete(step, path, extra))
 
     def _mark_complete(self, step: int, path: str, extra: Optional[dict]) -> None:
         with self._lock:
