@@ -202,7 +202,7 @@ def _called_cells_only(entries) -> List[Entry]:
     return [e for e in entries if not e.is_parameters_grad or e.cell.cell_id in ran]
 
 
-def _ancestor_names(name: str):
+def ancestor_names(name: str):
     """``a.b.c`` -> ``a.b``, ``a``, then the root cell's empty name."""
     parts = name.split(".") if name else []
     for i in range(len(parts) - 1, -1, -1):
@@ -250,7 +250,7 @@ def _parent_by_order(calls: Dict[Tuple[str, str], List[Entry]]) -> Callable[[Ent
     def parent(entry: Entry) -> Optional[str]:
         lookup = (entry.direction, entry.cell.name)
         if lookup not in parent_cell:
-            parent_cell[lookup] = next((candidate for candidate in _ancestor_names(entry.cell.name)
+            parent_cell[lookup] = next((candidate for candidate in ancestor_names(entry.cell.name)
                                         if (entry.direction, candidate) in calls), None) if entry.cell.name else None
         ancestor = parent_cell[lookup]
         if ancestor is None:

@@ -187,6 +187,12 @@ def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
 def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, dict]],
                     run_id: str = "") -> Iterable[str]:
     """dump.json as text chunks, one entry per line; ``run_id`` names the run in the head (before ``data``)."""
+    return dump_json_encoded(task, data_dir, ((name, json.dumps(body)) for name, body in bodies), run_id)
+
+
+def dump_json_encoded(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, str]],
+                      run_id: str = "") -> Iterable[str]:
+    """``dump_json_lines`` for bodies already encoded with ``json.dumps`` (read back from an index)."""
     head = {"task": task, "level": "L0", "framework": "mindspore", "dump_data_dir": data_dir}
     if run_id:
         head[naming.RUN_ID_KEY] = run_id
@@ -196,9 +202,25 @@ def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[s
     yield ' "data": {'
     first = True
     for name, body in bodies:
-        yield ("\n  " if first else ",\n  ") + json.dumps(name) + ": " + json.dumps(body)
+        yield ("\n  " if first else ",\n  ") + json.dumps(name) + ": " + body
         first = False
     yield "\n }\n}\n"
+
+
+def entry_json(entry: Entry, data_dir: Optional[str], failed: Dict[int, int], parameters: bool = False) -> dict:
+    """The ``dump.json`` body of one entry (see ``output_texts`` for the arguments)."""
+    leaves = {}
+    for capture in entry.captures:
+        if capture.data_name is None:
+            continue
+        has_file = data_dir is not None and capture.file is not None and id(capture) not in failed
+        leaves[id(capture)] = record_of(capture, capture.data_name if has_file else None)
+    if entry.is_parameters_grad:
+        return parameters_grad_body(entry, leaves)
+    body = entry_body(entry, leaves)
+    if parameters and entry.direction == naming.FORWARD:
+        body[naming.PARAMETERS] = weights_body(entry, leaves)
+    return body
 
 
 def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
@@ -211,40 +233,24 @@ def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
     msprobe's ``parameters`` field (``{}`` for a cell without weights). ``run_id``: the
     capture's run, recorded in dump.json's head.
     """
-
-    def bodies():
-        for entry in entries:
-            leaves = {}
-            for capture in entry.captures:
-                if capture.data_name is None:
-                    continue
-                has_file = data_dir is not None and capture.file is not None and id(capture) not in failed
-                leaves[id(capture)] = record_of(capture, capture.data_name if has_file else None)
-            if entry.is_parameters_grad:
-                yield entry.name, parameters_grad_body(entry, leaves)
-                continue
-            body = entry_body(entry, leaves)
-            if parameters and entry.direction == naming.FORWARD:
-                body[naming.PARAMETERS] = weights_body(entry, leaves)
-            yield entry.name, body
-
-    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies(), run_id)
-    yield naming.CONSTRUCT_JSON, [construct_json(entries)]
-    yield naming.STACK_JSON, [stack_json(entries)]
+    bodies = ((entry.name, entry_json(entry, data_dir, failed, parameters)) for entry in entries)
+    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies, run_id)
+    nodes = [entry for entry in entries if not entry.is_parameters_grad]
+    yield naming.CONSTRUCT_JSON, one_per_line((e.name, e.parent) for e in nodes)
+    yield naming.STACK_JSON, one_per_line((e.name, stack_lines(e.cell)) for e in nodes)
 
 
 def construct_json(entries: List[Entry]) -> str:
     """Entry -> parent; ``parameters_grad`` entries are not nodes here (msprobe places them by name)."""
-    return _one_per_line((e.name, e.parent) for e in entries if not e.is_parameters_grad)
+    return "".join(one_per_line((e.name, e.parent) for e in entries if not e.is_parameters_grad))
 
 
 def stack_json(entries: List[Entry]) -> str:
     """Where each cell's class is defined; msprobe only needs the file to exist."""
-    return _one_per_line((e.name, _stack_lines(e)) for e in entries if not e.is_parameters_grad)
+    return "".join(one_per_line((e.name, stack_lines(e.cell)) for e in entries if not e.is_parameters_grad))
 
 
-def _stack_lines(entry: Entry) -> List[str]:
-    cell = entry.cell
+def stack_lines(cell: CellRecord) -> List[str]:
     if not cell.file:
         return [f"{cell.module}.{cell.class_name}"] if cell.module else []
     line = cell.line if cell.line is not None else 0
@@ -252,8 +258,10 @@ def _stack_lines(entry: Entry) -> List[str]:
     return [f"File {cell.file}, line {line}, in {where}"]
 
 
-def _one_per_line(items: Iterable[Tuple[str, object]]) -> str:
-    parts = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in items]
-    if not parts:
-        return "{}\n"
-    return "{\n " + ",\n ".join(parts) + "\n}\n"
+def one_per_line(items: Iterable[Tuple[str, object]]) -> Iterator[str]:
+    """A JSON object with one ``key: value`` per line, as text chunks."""
+    first = True
+    for key, value in items:
+        yield ("{\n " if first else ",\n ") + f"{json.dumps(key)}: {json.dumps(value)}"
+        first = False
+    yield "{}\n" if first else "\n}\n"

@@ -18,25 +18,20 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Protocol, Tuple
 
 from mf_celldump import fsutil
 from mf_celldump.dtypes import dtype_names
 from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
-from mf_celldump.processing.consumer_parts import merge_consumer_parts
-from mf_celldump.processing.entries import (
-    Entry,
-    ShapeOf,
-    assign_calls,
-    group_entries,
-    implausible_calls,
-    link_parents,
-)
+from mf_celldump.processing.capture_index import CaptureIndex
+from mf_celldump.processing.entries import Entry, ShapeOf, implausible_calls
+from mf_celldump.processing.entry_build import build_entries
 from mf_celldump.processing.errors import NpyReadError
 from mf_celldump.processing.existing_output import foreign_in_output, is_output, links_in_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
+from mf_celldump.processing.indexed_step import RecordsIndexer, build_indexed
 from mf_celldump.processing.observer import ProcessingObserver
 from mf_celldump.processing.outcome import StepOutcome
 from mf_celldump.processing.worker_pool import FileRunner
@@ -48,7 +43,6 @@ from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.scan import StepSource, list_step_files, step_folder_digest
 
 logger = logging.getLogger(__name__)
-MAX_NAMED_REPEATS = 20  # "a second capture" problems named one by one per step; the rest are counted
 
 
 @dataclass
@@ -69,12 +63,20 @@ class _Inputs:
     kbk_sizes: Dict[str, int]
     problems: List[str]
     warnings: List[str]
+    index: Optional[CaptureIndex] = None  # the records, when too large to hold (then not in ``captures``)
+    records_path: str = ""
 
 
 def _read_inputs(ctx: RankContext, source: StepSource) -> _Inputs:
+    """What a step's raw data holds; the caller closes ``index`` (``_transact``)."""
     inputs = _Inputs([], None, {}, [], [])
     if source.raw_dir is not None:
-        listed = list_step_files(source.raw_dir, ctx.root_real)
+        indexer = RecordsIndexer(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
+        listed = list_step_files(source.raw_dir, ctx.root_real, None if source.kbk_csvs else indexer)
+        inputs.index = indexer.index
+        if indexer.failed:
+            raise StepProblem(indexer.failed)
+        inputs.records_path = os.path.join(source.raw_dir, names.RECORDS_FILE)
         inputs.captures.extend(listed.captures)
         inputs.problems.extend(listed.problems)
         inputs.warnings.extend(listed.warnings)
@@ -123,52 +125,6 @@ def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tupl
             return None
 
     return shape_of
-
-
-def _build_entries(ctx: RankContext, captures: List[Capture], problems: List[str],
-                   shape_of: Optional[ShapeOf] = None, warnings: Optional[List[str]] = None) -> List[Entry]:
-    """Entries in execution order with parents and data names; duplicates become problems."""
-    if shape_of is not None:
-        captures = merge_consumer_parts(captures, shape_of, problems, warnings if warnings is not None else problems)
-    assign_calls(captures, shape_of, ctx.manifest.micro_batches)
-    entries = group_entries(captures, ctx.manifest.cells, problems)
-    link_parents(entries)
-    safe = []
-    repeated: List[str] = []  # "a second capture" problems: the first few named, then the first unnamed one
-    unnamed = 0
-    for entry in entries:
-        try:
-            fsutil.check_component(entry.name)
-        except fsutil.UnsafePathError as err:
-            problems.append(f"{ctx.manifest.path}: cell {entry.cell.cell_id}: {err}; its captures are skipped")
-            continue
-        gaps = msprobe_json.index_gap_problem(entry.captures)
-        if gaps is not None:
-            problems.append(f"{entry.name}: {gaps}; its captures are skipped")
-            continue
-        safe.append(entry)
-        seen: Dict[Tuple[str, str], Capture] = {}
-        for capture in entry.captures:
-            io, label = msprobe_json.io_label_of(capture, entry.cell)
-            first = seen.get((io, label))
-            if first is not None:
-                if len(repeated) <= MAX_NAMED_REPEATS:
-                    repeated.append(str(capture.origin) if len(repeated) == MAX_NAMED_REPEATS else
-                                    f"{capture.origin}: a second capture of {entry.name}.{io}.{label} "
-                                    f"(first: {first.origin}); not used, raw data kept")
-                unnamed += len(repeated) > MAX_NAMED_REPEATS
-                continue
-            try:
-                capture.data_name = fsutil.check_component(msprobe_json.data_name_of(entry.name, io, label))
-            except fsutil.UnsafePathError as err:
-                problems.append(f"{capture.origin}: {err}; not used")
-                continue
-            seen[(io, label)] = capture
-    problems.extend(repeated[:MAX_NAMED_REPEATS])
-    if unnamed:
-        problems.append(f"{unnamed} more second captures not used, not listed (the first at {repeated[-1]}); raw data "
-                        "kept")
-    return safe
 
 
 def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data_dir: Optional[str],
@@ -247,6 +203,52 @@ def _with_twin_links(raw_dir: Optional[str], tasks: List[FileTask],
     return links
 
 
+class _StepEntries(Protocol):
+    """What writing a step's output needs of its entries, wherever they are."""
+
+    def texts(self, data_dir: Optional[str], failed: Dict[int, int]) -> Iterator[Tuple[str, Iterable[str]]]: ...
+
+    def counts(self) -> Tuple[int, int]: ...  # (entries, of which parameters_grad)
+
+    def files(self) -> List[str]: ...  # the raw files the output reads
+
+
+class _HeldEntries:
+    """A step's entries in memory (the usual case); ``indexed_step.IndexedStep`` is the other kind."""
+
+    def __init__(self, ctx: RankContext, entries: List[Entry]):
+        self.ctx = ctx
+        self.entries = entries
+
+    def texts(self, data_dir: Optional[str], failed: Dict[int, int]):
+        manifest = self.ctx.manifest
+        return msprobe_json.output_texts(manifest.task, data_dir, self.entries, failed, manifest.parameters,
+                                         manifest.run_id)
+
+    def counts(self) -> Tuple[int, int]:
+        return len(self.entries), sum(1 for entry in self.entries if entry.is_parameters_grad)
+
+    def files(self) -> List[str]:
+        return [c.file for e in self.entries for c in e.captures if c.file is not None]
+
+
+def _step_entries(ctx: RankContext, source: StepSource, inputs: _Inputs, target: str, outcome: StepOutcome,
+                  our_links: Dict[Tuple[int, int], int]) -> _StepEntries:
+    """The step's entries: held in memory, or built cell by cell in the records' index."""
+    shape_of = _shape_reader(ctx, source.raw_dir, our_links)
+    if inputs.index is None:
+        entries = build_entries(ctx.manifest, inputs.captures, outcome.problems, shape_of, outcome.warnings)
+        outcome.warnings.extend(implausible_calls(entries))
+        outcome.records = sum(1 for c in inputs.captures if c.file is None)
+        return _HeldEntries(ctx, entries)
+    data_dir = _final_data_dir(ctx, target)
+    parameters = ctx.manifest.parameters
+    step = build_indexed(ctx.manifest, inputs.index, inputs.records_path, shape_of, outcome.problems,
+                         outcome.warnings, lambda entry: msprobe_json.entry_json(entry, data_dir, {}, parameters))
+    outcome.records = step.values
+    return step
+
+
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
               observer: ProcessingObserver, outcome: StepOutcome) -> None:
     """Steps 1-2: entries, files, JSON in a partial folder, swapped into place."""
@@ -255,9 +257,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     retired = fsutil.child(ctx.root_real, step_out, naming.retired_output_dir_name(ctx.out_rank_name))
     our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
                                          os.path.join(retired, naming.TENSOR_DIR))
-    entries = _build_entries(ctx, inputs.captures, outcome.problems,
-                             _shape_reader(ctx, source.raw_dir, our_links), outcome.warnings)
-    outcome.warnings.extend(implausible_calls(entries))
+    entries = _step_entries(ctx, source, inputs, target, outcome, our_links)
     partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
     fsutil.make_dir(step_out)
     fsutil.remove_tree(partial)
@@ -267,12 +267,13 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         data_dir = None
         if ctx.manifest.task == "tensor":
             data_dir = fsutil.make_dir(os.path.join(partial, naming.TENSOR_DIR))
-        failed = _read_files(ctx, source, entries, data_dir, runner, observer, outcome, our_links)
-        outcome.records = sum(1 for c in inputs.captures if c.file is None)
+        if isinstance(entries, _HeldEntries):  # an indexed step has no files (RecordsIndexer)
+            failed = _read_files(ctx, source, entries.entries, data_dir, runner, observer, outcome, our_links)
         space_codes = [code for code in failed.values() if code in space.SPACE_ERRNOS]
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
-        _write_output(ctx, partial, target, entries, failed)
+        for name, chunks in entries.texts(_final_data_dir(ctx, target), failed):
+            fsutil.write_new_text(os.path.join(partial, name), chunks)
         _check_no_foreign_output(target, [source.raw_dir, data_dir, os.path.join(retired, naming.TENSOR_DIR)])
         fsutil.swap_into_place(partial, target, retired)
     except BaseException as err:
@@ -283,9 +284,13 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
             raise StepProblem(_space_text(ctx, source, target, entries, err, copying=bool(failed))) from None
         raise
     outcome.output_written = True
-    outcome.entries = len(entries)
-    outcome.weight_grad_entries = sum(1 for entry in entries if entry.is_parameters_grad)
+    outcome.entries, outcome.weight_grad_entries = entries.counts()
     observer.on_stage(ctx.rank, source.step, "output")
+
+
+def _final_data_dir(ctx: RankContext, target: str) -> Optional[str]:
+    """The ``dump_tensor_data`` folder dump.json names (the tensor task's), once the output is in place."""
+    return os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
 
 
 def _check_no_foreign_output(target: str, own_folders: List[Optional[str]]) -> None:
@@ -304,26 +309,15 @@ def _check_no_foreign_output(target: str, own_folders: List[Optional[str]]) -> N
                           "data is kept)")
 
 
-def _space_text(ctx: RankContext, source: StepSource, target: str, entries: List[Entry], err: OSError,
+def _space_text(ctx: RankContext, source: StepSource, target: str, entries: _StepEntries, err: OSError,
                 copying: bool) -> str:
     """The full-disk message, with the space this step's output needs (its JSON measured, copies added)."""
-    texts = (chunk for _, chunks in _output_texts(ctx, target, entries, {}) for chunk in chunks)
-    files = [c.file for e in entries for c in e.captures if c.file is not None]
+    texts = (chunk for _, chunks in entries.texts(_final_data_dir(ctx, target), {}) for chunk in chunks)
+    files = entries.files()
     copied = 0
     if copying and source.raw_dir is not None:  # tensors were being copied (no hard links on this file system)
         copied = sum(os.lstat(os.path.join(source.raw_dir, name)).st_size for name in files)
     return space.space_problem(err, ctx.root_real, space.needed_bytes(texts, len(files), copied))
-
-
-def _output_texts(ctx: RankContext, target: str, entries: List[Entry], failed: Dict[int, int]):
-    data_dir = os.path.join(target, naming.TENSOR_DIR) if ctx.manifest.task == "tensor" else None
-    return msprobe_json.output_texts(ctx.manifest.task, data_dir, entries, failed, ctx.manifest.parameters,
-                                     ctx.manifest.run_id)
-
-
-def _write_output(ctx: RankContext, partial: str, target: str, entries: List[Entry], failed: Dict[int, int]) -> None:
-    for name, chunks in _output_texts(ctx, target, entries, failed):
-        fsutil.write_new_text(os.path.join(partial, name), chunks)
 
 
 class StepProblem(Exception):
@@ -375,6 +369,16 @@ def _transact(ctx: RankContext, source: StepSource, runner: FileRunner, remove_r
     fsutil.check_plain_dir(os.path.dirname(target))  # no link in place of step{N}/ or step{N}/rank is followed
     fsutil.check_plain_dir(target)
     inputs = _read_inputs(ctx, source)
+    try:
+        _transact_inputs(ctx, source, inputs, runner, remove_raw, observer, outcome)
+    finally:
+        if inputs.index is not None:
+            inputs.index.close()
+
+
+def _transact_inputs(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner, remove_raw: bool,
+                     observer: ProcessingObserver, outcome: StepOutcome) -> None:
+    target = os.path.join(ctx.root_real, outcome.output)
     outcome.warnings.extend(inputs.warnings)
     marker_path = _marker_path(ctx, source.step)
     marker = markers.read_processed(marker_path, ctx.root_real) if os.path.lexists(marker_path) else None

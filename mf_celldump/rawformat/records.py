@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from mf_celldump.rawformat.captured import Capture, LineOrigin
 from mf_celldump.rawformat.keys import (
@@ -82,7 +82,7 @@ class RecordsRead:
         return self
 
 
-class _Shared:
+class Interned:
     """One object per distinct string or key of a file, up to ``SHARED_LIMIT`` of each (a graph-mode
     key repeats once per call, a dtype or a statistics name on every line)."""
 
@@ -111,7 +111,7 @@ def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _key(obj: dict, shared: _Shared) -> ProbeKey:
+def _key(obj: dict, shared: Interned) -> ProbeKey:
     cell = _int(obj.get("cell"))
     direction, slot, kind = obj.get("dir"), obj.get("slot"), obj.get("kind")
     call, path = obj.get("call"), obj.get("path")
@@ -128,10 +128,10 @@ def _key(obj: dict, shared: _Shared) -> ProbeKey:
     return shared.key((cell, shared.string(direction), shared.string(slot), shared.string(kind), tuple(path), call))
 
 
-def decode_record(obj: Any, origin, order: int, shared: Optional[_Shared] = None) -> Capture:
+def decode_record(obj: Any, origin, order: int, shared: Optional[Interned] = None) -> Capture:
     """A capture from one parsed line; ValueError says what is wrong with it. ``shared``: the strings and
     keys of the file's earlier lines."""
-    shared = shared or _Shared()
+    shared = shared or Interned()
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     seq = _int(obj.get("seq"))
@@ -163,16 +163,28 @@ def read_records(data: bytes, path: str, first_order: int) -> RecordsRead:
     return read_records_stream(io.BytesIO(data), path, first_order)
 
 
-def read_records_stream(handle, path: str, first_order: int) -> RecordsRead:
+class FirstLines(Protocol):
+    """Which line first gave each ``seq`` (a dict, or an on-disk table for a file too large to hold)."""
+
+    def setdefault(self, seq: int, line: int) -> int: ...
+
+
+KeepCapture = Callable[[Capture, bytes], None]  # a usable value and its line's text
+
+
+def read_records_stream(handle, path: str, first_order: int, keep: Optional[KeepCapture] = None,
+                        first_lines: Optional[FirstLines] = None) -> RecordsRead:
     """Like ``read_records``, reading a binary file line by line: memory stays at one line, plus one small
     capture per value (see the module docstring).
 
     A line longer than ``MAX_LINE_BYTES`` is skipped unread (a problem); a last line
-    without its newline that does not parse is a torn write (a warning).
+    without its newline that does not parse is a torn write (a warning). ``keep`` and
+    ``first_lines`` put the values and the lines of their ``seq`` elsewhere than in memory
+    (the result's ``captures`` then stays empty).
     """
     out = RecordsRead()
-    shared = _Shared()
-    first_line: Dict[int, int] = {}  # seq -> the line that gave it
+    shared = Interned()
+    first_line = first_lines if first_lines is not None else {}  # seq -> the line that gave it
     if not isinstance(handle, io.BufferedIOBase):
         handle = io.BufferedReader(handle, 1 << 16)
     for number, raw, complete in _lines(handle, out):
@@ -195,7 +207,10 @@ def read_records_stream(handle, path: str, first_order: int) -> RecordsRead:
             out.problem(f"{origin}: repeats seq {capture.seq} of line {earlier} (every value has its own); not used",
                         origin)
             continue
-        out.captures.append(capture)
+        if keep is None:
+            out.captures.append(capture)
+        else:
+            keep(capture, raw)
     return out.finish(path)
 
 

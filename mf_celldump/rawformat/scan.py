@@ -14,17 +14,19 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.fsutil import child, is_temp_name, open_own_file
 from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.manifest import Manifest
-from mf_celldump.rawformat.records import read_records_stream
+from mf_celldump.rawformat.records import RecordsRead, read_records_stream
 
 logger = logging.getLogger(__name__)
 
 MAX_RECORDS_BYTES = 1 << 30  # records of one step are metadata: far below this
+# (open records file, its path, the order of its first value, its size) -> what was read
+RecordsReader = Callable[[BinaryIO, str, int, int], RecordsRead]
 # The shape of a raw tensor file name with numbers of any length (names.py bounds them).
 _LOOSE_RAW_NAME = re.compile(r"^c\d+\.[fb]\.[ako]\.[tifbn]\.n(\d+|x)\.p\d+(\.\d+)*(_in)?_[A-Za-z0-9]+_\d+\.npy$")
 
@@ -198,11 +200,12 @@ def find_steps(root_real: str, rank_dir: str, manifest: Manifest,
     return steps, problems
 
 
-def list_step_files(step_dir: str, root_real: str) -> StepFiles:
+def list_step_files(step_dir: str, root_real: str, read_records: Optional[RecordsReader] = None) -> StepFiles:
     """Every raw tensor file name of a step folder parsed, and its records read.
 
     Files that are not ours are listed in ``foreign`` and left alone; a link or folder
-    under one of our names is a problem (the step's raw data is then kept).
+    under one of our names is a problem (the step's raw data is then kept). ``read_records``
+    reads the records file once it is opened and checked (``read_records_stream`` by default).
     """
     out = StepFiles()
     records_path = None
@@ -233,8 +236,12 @@ def list_step_files(step_dir: str, root_real: str) -> StepFiles:
     out.names.sort()
     out.foreign.sort()
     if records_path is not None:
-        _read_step_records(records_path, root_real, out)
+        _read_step_records(records_path, root_real, out, read_records or _read_in_memory)
     return out
+
+
+def _read_in_memory(handle: BinaryIO, path: str, first_order: int, size: int) -> RecordsRead:
+    return read_records_stream(handle, path, first_order)
 
 
 _LINKED = "{} has another name (hard link); a file mf_celldump wrote has one: refused"
@@ -252,13 +259,13 @@ def _foreign_warning(path: str, name: str) -> str:
     return f"{path}: not a file mf_celldump writes; left in place"
 
 
-def _read_step_records(path: str, root_real: str, out: StepFiles) -> None:
+def _read_step_records(path: str, root_real: str, out: StepFiles, read_records: RecordsReader) -> None:
     try:
         with open_own_file(path, root_real) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > MAX_RECORDS_BYTES:
                 raise ValueError(f"{size} bytes, more than the {MAX_RECORDS_BYTES} a step's records can be")
-            records = read_records_stream(handle, path, first_order=len(out.captures))
+            records = read_records(handle, path, len(out.captures), size)
     except (OSError, ValueError) as err:
         out.problems.append(f"{path}: unreadable ({str(err)[:300]})")
         return

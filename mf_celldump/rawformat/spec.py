@@ -41,6 +41,7 @@ def _tree() -> List[str]:
         f"        {names.TD_DONE_PREFIX}{{G}}_{{dtype}}_{{id}}.npy   # graph-mode TensorDump: MindSpore writes it last",
         f"      {names.KBK_DIR}/**/{{iteration}}/{names.KBK_STATISTIC_CSV}   # Ascend kernel-by-kernel statistics",
         f"      {names.PROCESSED_DIR}/step{{N}}.json  # processing: what an output in place consumed",
+        f"      {names.PROCESSED_DIR}/.tmp-xxxxxxxx  # processing: a large records file's index (while processed)",
         f"      {names.PROCESSING_LOCK}      # processing: one process per rank",
         "```", "",
     ]
