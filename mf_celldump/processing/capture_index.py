@@ -26,6 +26,7 @@ CACHE_KIB = 16 * 1024  # SQLite's page cache: the memory the index costs
 # The index of the largest records file scan accepts (1 GiB) takes about 1.5 GiB; beyond this
 # bound SQLite reports the index full, as a full disk would be reported.
 MAX_INDEX_BYTES = 4 << 30
+INSERT_BATCH = 4096  # lines kept before they are inserted (one statement for many)
 
 _SCHEMA = (
     "CREATE TABLE seqs(seq INTEGER PRIMARY KEY, line INTEGER NOT NULL)",
@@ -56,6 +57,7 @@ class CaptureIndex:
     """One step's records lines by cell, then its entries; ``close`` deletes the file."""
 
     def __init__(self, folder: str):
+        self._pending: List[Tuple[int, int, int, bytes]] = []  # lines kept, inserted in batches
         fd, self.path = tempfile.mkstemp(prefix=fsutil.TEMP_PREFIX, dir=folder)
         os.close(fd)
         try:
@@ -96,16 +98,28 @@ class CaptureIndex:
         return self._run("SELECT line FROM seqs WHERE seq = ?", (seq,)).fetchone()[0]
 
     def keep(self, cell: int, line: int, order: int, raw: bytes) -> None:
-        self._run("INSERT INTO captures VALUES (?, ?, ?, ?)", (cell, line, order, raw))
+        self._pending.append((cell, line, order, raw))
+        if len(self._pending) >= INSERT_BATCH:
+            self._insert_pending()
+
+    def _insert_pending(self) -> None:
+        try:
+            self._db.executemany("INSERT INTO captures VALUES (?, ?, ?, ?)", self._pending)
+        except sqlite3.Error as err:
+            raise _os_error(err, self.path) from None
+        self._pending.clear()
 
     def cells(self) -> List[int]:
+        self._insert_pending()
         return [row[0] for row in self._run("SELECT DISTINCT cell FROM captures ORDER BY cell")]
 
     def lines_of(self, cell: int) -> List[Tuple[int, int, bytes]]:
         """(line number, order, line) of one cell's values, in file order."""
+        self._insert_pending()
         return self._run("SELECT line, ord, raw FROM captures WHERE cell = ? ORDER BY line", (cell,)).fetchall()
 
     def count(self) -> int:
+        self._insert_pending()
         return self._run("SELECT COUNT(*) FROM captures").fetchone()[0]
 
     # entries
@@ -145,6 +159,7 @@ class CaptureIndex:
         return row[0], row[1]
 
     def commit(self) -> None:
+        self._insert_pending()
         try:
             self._db.commit()
         except sqlite3.Error as err:
