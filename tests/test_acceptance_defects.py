@@ -22,7 +22,7 @@ from mf_celldump.capture.backends.kbk_statistics import KbkStatisticsBackend
 from mf_celldump.capture.backends.tensordump import TensorDumpBackend
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.integrations.run import TrainingRun
-from mf_celldump.processing import entries, step_transaction
+from mf_celldump.processing import entries, entry_build
 from tests.support.ascend_emulation import AscendEmulator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +87,7 @@ def _gradient_hook_in_the_same_mode(patch):
 
 def _assign_calls_from_the_end(patch):
     """Backward calls numbered from the end of the step, ignoring the micro-batch count."""
-    patch.setattr(step_transaction, "assign_calls",
+    patch.setattr(entry_build, "assign_calls",
                   lambda captures, shape_of=None, micro_batches=1: entries.assign_calls(captures, shape_of, 1))
 
 
@@ -115,7 +115,7 @@ DEFECTS = {
     ac.KBK_ITERATION: ("statistics_resumed", _iteration_from_the_process_start),
     ac.VERSION: ("version", lambda p: p.setattr(capture_session, "mindspore_version_problem", lambda installed: None)),
     ac.MICRO_BATCHES: ("micro_batches", _assign_calls_from_the_end),
-    ac.REDISTRIBUTION: ("redistribution", lambda p: p.setattr(step_transaction, "merge_consumer_parts",
+    ac.REDISTRIBUTION: ("redistribution", lambda p: p.setattr(entry_build, "merge_consumer_parts",
                                                               lambda captures, *args, **kwargs: captures)),
     ac.CONTROL_FLOW: ("control_flow", lambda p: p.setattr(parameters, "conditional_call", lambda *args: None)),
     ac.STEP_FILTER: ("step_filter", lambda p: p.setattr(TensorDumpBackend, "teardown", lambda self: None)),
