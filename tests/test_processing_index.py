@@ -122,7 +122,7 @@ def test_an_index_a_killed_run_left_is_deleted_by_the_next_run(tmp_path):
     _synthetic_step(raw, calls=1, problems=False)
     processed = os.path.join(raw, fmt.RAW_ROOT, fmt.raw_rank_dir_name(0), "_processed")
     os.makedirs(processed)
-    index = indexed_step.CaptureIndex(processed)
+    index = indexed_step.CaptureIndex(processed, os.path.join(raw, "records.jsonl"))
     left = index.path
     assert os.path.basename(left).startswith(".tmp-")  # the name a killed run leaves
     report = mf_celldump.process_dump(raw, jobs=1)

@@ -56,21 +56,23 @@ def _os_error(err: sqlite3.Error, path: str) -> OSError:
 class CaptureIndex:
     """One step's records lines by cell, then its entries; ``close`` deletes the file."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, source: str):
+        self.source = source  # the records file indexed, as its values' origins name it
         self._pending: List[Tuple[int, int, int, bytes]] = []  # lines kept, inserted in batches
         fd, self.path = tempfile.mkstemp(prefix=fsutil.TEMP_PREFIX, dir=folder)
         os.close(fd)
         try:
-            self._db = sqlite3.connect(self.path)
-            for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{CACHE_KIB}"):
-                self._db.execute(f"PRAGMA {pragma}")
-            page = self._db.execute("PRAGMA page_size").fetchone()[0]
-            self._db.execute(f"PRAGMA max_page_count={max(1, MAX_INDEX_BYTES // page)}")
-            for statement in _SCHEMA:
-                self._db.execute(statement)
-        except sqlite3.Error as err:
+            with self._translated():
+                self._db = sqlite3.connect(self.path)
+                for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{CACHE_KIB}"):
+                    self._db.execute(f"PRAGMA {pragma}")
+                page = self._db.execute("PRAGMA page_size").fetchone()[0]
+                self._db.execute(f"PRAGMA max_page_count={max(1, MAX_INDEX_BYTES // page)}")
+                for statement in _SCHEMA:
+                    self._db.execute(statement)
+        except IndexFileError:
             self.close()
-            raise _os_error(err, self.path) from None
+            raise
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error, AttributeError):
@@ -78,17 +80,17 @@ class CaptureIndex:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def __enter__(self) -> CaptureIndex:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _run(self, sql: str, args: Iterable = ()) -> sqlite3.Cursor:
+    @contextlib.contextmanager
+    def _translated(self):
+        """SQLite's errors as an ``IndexFileError`` (an ``OSError``: the step's usual file-system path)."""
         try:
-            return self._db.execute(sql, tuple(args))
+            yield
         except sqlite3.Error as err:
             raise _os_error(err, self.path) from None
+
+    def _run(self, sql: str, args: Iterable = ()) -> sqlite3.Cursor:
+        with self._translated():
+            return self._db.execute(sql, tuple(args))
 
     # records: ``records.read_records_stream``'s ``first_lines`` and ``keep``
     def setdefault(self, seq: int, line: int) -> int:
@@ -103,10 +105,8 @@ class CaptureIndex:
             self._insert_pending()
 
     def _insert_pending(self) -> None:
-        try:
+        with self._translated():
             self._db.executemany("INSERT INTO captures VALUES (?, ?, ?, ?)", self._pending)
-        except sqlite3.Error as err:
-            raise _os_error(err, self.path) from None
         self._pending.clear()
 
     def cells(self) -> List[int]:
@@ -142,10 +142,8 @@ class CaptureIndex:
 
     def set_parents(self, parents: Iterable[Tuple[Optional[str], int]]) -> None:
         """(parent name, entry row id) pairs."""
-        try:
+        with self._translated():
             self._db.executemany("UPDATE entries SET parent = ? WHERE rowid = ?", parents)
-        except sqlite3.Error as err:
-            raise _os_error(err, self.path) from None
 
     def written(self) -> Iterator[Tuple[str, str, int, bool, Optional[str]]]:
         """(name, body, cell, parameters_grad, parent) of the written entries, in execution order."""
@@ -160,7 +158,5 @@ class CaptureIndex:
 
     def commit(self) -> None:
         self._insert_pending()
-        try:
+        with self._translated():
             self._db.commit()
-        except sqlite3.Error as err:
-            raise _os_error(err, self.path) from None

@@ -46,8 +46,8 @@ class IndexedStep:
     def counts(self) -> Tuple[int, int]:
         return self.index.written_counts()
 
-    def files(self) -> List[str]:
-        return []  # RecordsIndexer indexes only a step without tensor files
+    def held(self) -> List[Entry]:
+        return []  # none: RecordsIndexer indexes only a step without tensor files, so no file is read
 
     def texts(self, data_dir: Optional[str], failed: Dict[int, int]) -> Iterator[Tuple[str, Iterable[str]]]:
         """(file name, text chunks) of the three files, as ``msprobe_json.output_texts`` gives them
@@ -63,13 +63,13 @@ class IndexedStep:
             if not pgrad)
 
 
-def build_indexed(manifest: Manifest, index: CaptureIndex, records_path: str, shape_of: ShapeOf,
-                  problems: List[str], warnings: List[str], body_of: Callable[[Entry], dict]) -> IndexedStep:
+def build_indexed(manifest: Manifest, index: CaptureIndex, shape_of: ShapeOf, problems: List[str],
+                  warnings: List[str], body_of: Callable[[Entry], dict]) -> IndexedStep:
     """Entries of every cell into the index, then their parents; ``body_of(entry)``: its ``dump.json`` body."""
     seconds = SecondCaptures()
     shared = Interned()
     for cell in index.cells():
-        captures = [decode_record(json.loads(raw), LineOrigin(records_path, line), order, shared)
+        captures = [decode_record(json.loads(raw), LineOrigin(index.source, line), order, shared)
                     for line, order, raw in index.lines_of(cell)]
         entries = grouped_entries(manifest, captures, problems, shape_of, warnings)
         usable = usable_entries(manifest, entries, problems, seconds)
@@ -95,10 +95,11 @@ def _link_parents(manifest: Manifest, index: CaptureIndex) -> None:
     by_name: Dict[str, List[int]] = {}
     for cell in manifest.cells.values():
         by_name.setdefault(cell.name, []).append(cell.cell_id)
+    entry_cells = index.entry_cells()
     captured: Dict[str, Set[str]] = {}  # direction -> names of cells with entries in it
-    for cell_id, direction in index.entry_cells():
+    for cell_id, direction in entry_cells:
         captured.setdefault(direction, set()).add(manifest.cells[cell_id].name)
-    for cell_id in sorted({cell_id for cell_id, _ in index.entry_cells()}):
+    for cell_id in sorted({cell_id for cell_id, _ in entry_cells}):
         cell = manifest.cells[cell_id]
         own = _entries(manifest, index, [cell_id])
         subset = dict(own)
@@ -143,7 +144,7 @@ class RecordsIndexer:
     def __call__(self, handle, path: str, first_order: int, size: int) -> RecordsRead:
         if size < self.limit or first_order or not _usable(self.folder):  # small, or beside tensor files
             return read_records_stream(handle, path, first_order)
-        self.index = CaptureIndex(self.folder)
+        self.index = CaptureIndex(self.folder, path)
         logger.info("%s: %d bytes of records, read into an on-disk index (%s)", path, size, self.index.path)
         try:
             read = read_records_stream(handle, path, first_order, keep=record_keeper(self.index),

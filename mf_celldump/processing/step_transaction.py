@@ -64,7 +64,6 @@ class _Inputs:
     problems: List[str]
     warnings: List[str]
     index: Optional[CaptureIndex] = None  # the records, when too large to hold (then not in ``captures``)
-    records_path: str = ""
 
 
 def _read_inputs(ctx: RankContext, source: StepSource) -> _Inputs:
@@ -76,7 +75,6 @@ def _read_inputs(ctx: RankContext, source: StepSource) -> _Inputs:
         inputs.index = indexer.index
         if indexer.failed:
             raise StepProblem(indexer.failed)
-        inputs.records_path = os.path.join(source.raw_dir, names.RECORDS_FILE)
         inputs.captures.extend(listed.captures)
         inputs.problems.extend(listed.problems)
         inputs.warnings.extend(listed.warnings)
@@ -210,7 +208,7 @@ class _StepEntries(Protocol):
 
     def counts(self) -> Tuple[int, int]: ...  # (entries, of which parameters_grad)
 
-    def files(self) -> List[str]: ...  # the raw files the output reads
+    def held(self) -> List[Entry]: ...  # the entries in memory: their captures' files are read
 
 
 class _HeldEntries:
@@ -228,8 +226,8 @@ class _HeldEntries:
     def counts(self) -> Tuple[int, int]:
         return len(self.entries), sum(1 for entry in self.entries if entry.is_parameters_grad)
 
-    def files(self) -> List[str]:
-        return [c.file for e in self.entries for c in e.captures if c.file is not None]
+    def held(self) -> List[Entry]:
+        return self.entries
 
 
 def _step_entries(ctx: RankContext, source: StepSource, inputs: _Inputs, target: str, outcome: StepOutcome,
@@ -243,8 +241,8 @@ def _step_entries(ctx: RankContext, source: StepSource, inputs: _Inputs, target:
         return _HeldEntries(ctx, entries)
     data_dir = _final_data_dir(ctx, target)
     parameters = ctx.manifest.parameters
-    step = build_indexed(ctx.manifest, inputs.index, inputs.records_path, shape_of, outcome.problems,
-                         outcome.warnings, lambda entry: msprobe_json.entry_json(entry, data_dir, {}, parameters))
+    step = build_indexed(ctx.manifest, inputs.index, shape_of, outcome.problems, outcome.warnings,
+                         lambda entry: msprobe_json.entry_json(entry, data_dir, {}, parameters))
     outcome.records = step.values
     return step
 
@@ -267,8 +265,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         data_dir = None
         if ctx.manifest.task == "tensor":
             data_dir = fsutil.make_dir(os.path.join(partial, naming.TENSOR_DIR))
-        if isinstance(entries, _HeldEntries):  # an indexed step has no files (RecordsIndexer)
-            failed = _read_files(ctx, source, entries.entries, data_dir, runner, observer, outcome, our_links)
+        failed = _read_files(ctx, source, entries.held(), data_dir, runner, observer, outcome, our_links)
         space_codes = [code for code in failed.values() if code in space.SPACE_ERRNOS]
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
@@ -313,7 +310,7 @@ def _space_text(ctx: RankContext, source: StepSource, target: str, entries: _Ste
                 copying: bool) -> str:
     """The full-disk message, with the space this step's output needs (its JSON measured, copies added)."""
     texts = (chunk for _, chunks in entries.texts(_final_data_dir(ctx, target), {}) for chunk in chunks)
-    files = entries.files()
+    files = [c.file for e in entries.held() for c in e.captures if c.file is not None]
     copied = 0
     if copying and source.raw_dir is not None:  # tensors were being copied (no hard links on this file system)
         copied = sum(os.lstat(os.path.join(source.raw_dir, name)).st_size for name in files)
