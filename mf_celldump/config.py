@@ -19,10 +19,10 @@ from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Uni
 import yaml
 
 from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
+from mf_celldump.statistics import STATISTICS
 
 TASKS = ("tensor", "statistics")
 DATA_MODES = ("forward", "backward", "all")
-STATISTICS = ("max", "min", "mean", "norm", "md5", "nan_count", "inf_count")
 DEFAULT_STATISTICS = ("max", "min", "mean", "norm")
 # Seconds on_train_end waits for the background processing of captured steps. Nothing is
 # lost when it runs out: the steps stay raw for `mf-celldump process`.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 _NUMPY_TO_MINDSPORE = {
     "float16": "Float16",
     "float32": "Float32",
@@ -35,3 +37,25 @@ def numpy_dtype_name(mindspore_name: str) -> str:
 def dtype_names():
     """Numpy-style names with a known MindSpore spelling, in a fixed order (for codes)."""
     return tuple(k for k in _NUMPY_TO_MINDSPORE if k != "bool_")
+
+
+# Spellings other dumpers use for the same dtype (PyTorch's, C's, short forms).
+_DTYPE_ALIASES = {
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "fp16": "float16",
+    "fp64": "float64",
+    "long": "int64",
+    "int": "int32",
+    "bool_": "bool",
+}
+
+
+def canonical_dtype(dtype: Optional[str]) -> str:
+    """``Float32``, ``torch.float32``, ``float32`` -> ``float32``."""
+    text = str(dtype or "").strip().lower()
+    text = text.rpartition(".")[2]
+    return _DTYPE_ALIASES.get(text, text)

@@ -17,12 +17,10 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
-from mf_celldump.config import STATISTICS
-
 # Configuration name -> dump.json key, in msprobe's order.
 STAT_KEYS = {"max": "Max", "min": "Min", "mean": "Mean", "norm": "Norm", "md5": "md5",
              "nan_count": "nan_count", "inf_count": "inf_count"}
-assert tuple(STAT_KEYS) == STATISTICS  # one list of statistics names, in config.py
+STATISTICS = tuple(STAT_KEYS)  # the names the configuration accepts (config.py)
 REDUCTIONS = ("max", "min", "mean", "norm")  # the ones computed by reducing the data
 # numpy dtype kinds whose statistics we report: bool, signed, unsigned, float
 SUPPORTED_KINDS = "biuf"
@@ -134,7 +132,7 @@ class StatsAccumulator:
 
 
 def compute_statistics(array: np.ndarray, wanted: Iterable[str]) -> Dict[str, Any]:
-    """Statistics of a whole ``array`` for the configured names (see config.STATISTICS)."""
+    """Statistics of a whole ``array`` for the configured names (see STATISTICS)."""
     array = np.asarray(array)
     return StatsAccumulator(array.dtype, wanted).add(array).result()
 

@@ -17,8 +17,8 @@ import re
 import numpy as np
 import pytest
 
+from mf_celldump.analysis.compare.html_report import render_html
 from mf_celldump.cli import main as celldump_main
-from mf_celldump.compare.html_report import render_html
 from tests.support.chromium import Browser, needs_chromium
 from tests.support.compare_dumps import chain, write_dump
 

@@ -15,8 +15,8 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 import pytest
 
+from mf_celldump.analysis.compare.shard_merge import Group, GroupMerger, MergeNotes, ShardError, plan
 from mf_celldump.cli import main as cli_main
-from mf_celldump.compare.shard_merge import Group, GroupMerger, MergeNotes, ShardError, plan
 from mf_celldump.layout.reader import DumpJson, RankDump
 from mf_celldump.statistics import compute_statistics
 

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mf_celldump.compare.shard_merge import Group, GroupMerger, MergeNotes
-from mf_celldump.compare.shards import RuleBook
+from mf_celldump.analysis.compare.shard_merge import Group, GroupMerger, MergeNotes
+from mf_celldump.analysis.compare.shards import RuleBook
 from mf_celldump.layout.reader import DumpJson, find_rank_dumps
 from mf_celldump.mapping import resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView

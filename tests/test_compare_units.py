@@ -9,10 +9,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from mf_celldump.analysis.compare import metrics, thresholds, transforms
+from mf_celldump.analysis.compare.pairing import map_slot
 from mf_celldump.cli import main as celldump_main
-from mf_celldump.compare import metrics, stat_records, thresholds, transforms
-from mf_celldump.compare.pairing import map_slot
-from mf_celldump.layout import reader
+from mf_celldump.dtypes import canonical_dtype
+from mf_celldump.layout import reader, stat_records
 from mf_celldump.mapping.compare_rules import CompareRules, Split, parse_rules
 from tests.support.compare_dumps import RNG, X, chain, tensor, write_dump
 
@@ -134,7 +135,7 @@ def test_metrics_thresholds_and_overrides():
     assert all(t.rel_err == 0.5 for t in table.values())
     with pytest.raises(ValueError, match="KEY one of cosine, rel_err, stat_rel"):
         thresholds.override(table, "cos=1")
-    assert thresholds.canonical_dtype("torch.bfloat16") == "bfloat16" == thresholds.canonical_dtype("BFloat16")
+    assert canonical_dtype("torch.bfloat16") == "bfloat16" == canonical_dtype("BFloat16")
     limits = thresholds.thresholds_for("Float32", "torch.bfloat16", thresholds.DEFAULT_THRESHOLDS)
     assert limits == thresholds.DEFAULT_THRESHOLDS["bfloat16"]
     f32 = thresholds.DEFAULT_THRESHOLDS["float32"]
@@ -235,7 +236,7 @@ def test_anomalies_across_ranks_and_magnitudes(tmp_path, capsys):
 
 
 def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
-    from mf_celldump.compare import tensors
+    from mf_celldump.analysis.compare import tensors
 
     folder = write_dump(str(tmp_path / "a"), chain())
     data_dir = os.path.join(folder, "dump_tensor_data")

@@ -191,7 +191,7 @@ def test_weights_and_weight_gradients_are_compared_in_their_own_section(tmp_path
 
 
 def test_fused_weights_split_by_rows_like_the_outputs():
-    from mf_celldump.compare import transforms
+    from mf_celldump.analysis.compare import transforms
     from mf_celldump.mapping.compare_rules import parse_rules
 
     groups, per, dim, hidden = 2, 2, 3, 5
@@ -353,7 +353,7 @@ def test_next_divergent_cells_show_the_statistics_they_rest_on(tmp_path, capsys)
 
 
 def test_cosine_always_has_six_decimals():
-    from mf_celldump.compare.summary import fmt
+    from mf_celldump.analysis.compare.summary import fmt
 
     assert fmt(0.98, cosine=True) == "0.980000" and fmt(0.999999123, cosine=True) == "0.999999"
     assert fmt(0.98) == "0.98" and fmt(float("nan")) == "-"

@@ -16,11 +16,11 @@ import tracemalloc
 
 import pytest
 
+from mf_celldump.analysis.ranks import CheckRequest, run
 from mf_celldump.cli import main as cli_main
 from mf_celldump.config import ConfigError, DumpConfig
-from mf_celldump.ranks.check import CheckRequest, ReplicaChecks, run
 from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
-from mf_celldump.ranks.replicas import CheckOptions
+from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks
 from mf_celldump.ranks.summary import from_bytes, summarize
 from tests.support.synthetic_ranks import Fault, write_dump
 

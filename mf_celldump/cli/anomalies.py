@@ -11,8 +11,8 @@ import math
 import sys
 from typing import Any
 
+from mf_celldump.analysis.anomalies import result_json, result_text, scan
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, emit, parse_selection
-from mf_celldump.compare.anomalies import result_json, result_text, scan
 from mf_celldump.config import ConfigError
 from mf_celldump.layout.reader import DumpError
 

@@ -13,11 +13,12 @@ import math
 import sys
 from typing import Any
 
+from mf_celldump.analysis.compare import shards, thresholds
+from mf_celldump.analysis.compare.coverage import MIN_COVERAGE
+from mf_celldump.analysis.compare.engine import CompareInputError, run
+from mf_celldump.analysis.compare.report import DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareRequest
+from mf_celldump.analysis.compare.summary import advice, format_summary, plain, to_json
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, emit, parse_selection
-from mf_celldump.compare import shards, thresholds
-from mf_celldump.compare.coverage import MIN_COVERAGE
-from mf_celldump.compare.engine import DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareInputError, CompareRequest, run
-from mf_celldump.compare.summary import advice, format_summary, plain, to_json
 from mf_celldump.config import ConfigError
 from mf_celldump.layout.reader import DumpError
 from mf_celldump.mapping import AUTO, MappingError

@@ -11,9 +11,9 @@ import json
 import sys
 from typing import Any
 
+from mf_celldump.analysis.ranks import CheckRequest, CheckResult, RankCheckError, run
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
 from mf_celldump.config import ConfigError
-from mf_celldump.ranks.check import CheckRequest, CheckResult, RankCheckError, run
 from mf_celldump.ranks.groups import SYNTAX, ReplicaGroups, ReplicaSpecError
 from mf_celldump.ranks.replicas import GRAD_MODES, CheckOptions
 

@@ -26,8 +26,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from mf_celldump.config import DumpConfig
 from mf_celldump.integrations import rank_exchange
-from mf_celldump.ranks.check import ReplicaChecks
-from mf_celldump.ranks.replicas import CheckOptions
+from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks
 from mf_celldump.ranks.summary import SummaryError, from_bytes, from_json
 from mf_celldump.ranks.verdict import step_line
 

@@ -132,3 +132,12 @@ def partial_output_dir_name(rank_dir: str) -> str:
 def retired_output_dir_name(rank_dir: str) -> str:
     """Where a replaced output rank folder waits for deletion."""
     return f".{rank_dir}.retired"
+
+
+def layer_of(cell: str) -> str:
+    """Depth group of a cell: its name up to the first numbered part (``model.layers.1``), else itself."""
+    parts = cell.split(".")
+    for index, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: index + 1])
+    return cell

@@ -1,9 +1,9 @@
-"""Across ranks: each rank's step reduced to a summary, data-parallel replicas checked against each other.
+"""Across ranks, as training needs it: each rank's step reduced to a summary, replicas checked.
 
-``summary`` (one rank folder to a few kilobytes), ``replicas`` (the check of one step's
-replica group, memory independent of the number of ranks), ``groups`` (which ranks are
-replicas), ``verdict`` (the one line per step), ``check`` (``mf-celldump ranks`` over dumps
-and summary files), ``report`` (table, ranks x layers heat map). Reads the layout (and
-compare's NaN/Inf test and depth groups), never MindSpore, so the processing worker can
-summarise steps beside training. See docs/ranks.md.
+``summary`` (one rank folder to a few kilobytes; the processing worker makes it beside
+training), ``replicas`` (the check of one step's replica group, memory independent of the
+number of ranks, and ``ReplicaChecks`` over many steps and groups), ``groups`` (which ranks are
+replicas; the configuration validates with it), ``verdict`` (the one line per step). Reads
+the layout, never MindSpore. The ``mf-celldump ranks`` command over dump folders and summary
+files, with its table and heat maps, is ``mf_celldump.analysis.ranks``. See docs/ranks.md.
 """

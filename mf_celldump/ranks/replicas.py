@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from mf_celldump.compare.pairing import layer_of
+from mf_celldump.layout.naming import layer_of
+from mf_celldump.ranks.groups import GroupKey, ReplicaGroups
 from mf_celldump.ranks.summary import ACT, GRAD, WEIGHT, Item, RankSummary
 
 GRAD_MODES = ("auto", "reduced", "local")
@@ -321,3 +322,56 @@ class GroupResult:
 
 def _nan(value: Optional[float]) -> float:
     return math.nan if value is None else value
+
+
+class ReplicaChecks:
+    """Every step's replica groups, fed one rank summary at a time in any order."""
+
+    def __init__(self, replicas: ReplicaGroups, options: CheckOptions, world: int, spill_dir: str):
+        self.replicas, self.options, self.world, self.spill_dir = replicas, options, world, spill_dir
+        self.checks: Dict[Tuple[Optional[int], str], GroupCheck] = {}
+        self.labels: Dict[str, str] = {}
+
+    def group(self, rank: int) -> Optional[str]:
+        key: Optional[GroupKey] = self.replicas.group_of(rank, self.world)
+        if key is None:
+            return None
+        group = ",".join(str(k) for k in key)
+        self.labels[group] = self.replicas.label(key)
+        return group
+
+    def add(self, summary: RankSummary) -> None:
+        group = self.group(summary.rank)
+        if group is None:
+            return
+        check = self.checks.get((summary.step, group))
+        if check is None:
+            check = self.checks[(summary.step, group)] = GroupCheck(summary.step, group, self.options, self.spill_dir)
+        check.add(summary)
+
+    def finish(self, expected=None, steps=None) -> Tuple[List[GroupResult], Dict[tuple, List[int]]]:
+        """Results by step and group, and the ranks missing in each: of ``expected`` ranks when given,
+        else of the ranks seen in any step. ``steps``: also report these when no rank had them."""
+        wanted: Dict[str, set] = {}
+        if expected is not None:
+            for rank in expected:
+                group = self.group(rank)
+                if group is not None:
+                    wanted.setdefault(group, set()).add(rank)
+        else:
+            for (_, group), check in self.checks.items():
+                wanted.setdefault(group, set()).update(check.ranks)
+        keys = set(self.checks) | {(step, group) for step in (steps or ()) for group in wanted}
+        results, missing = [], {}
+        for step, group in sorted(keys, key=lambda k: (_step_key(k[0]), k[1])):
+            check = self.checks.get((step, group))
+            result = check.finish() if check else GroupResult(step, group, [])
+            results.append(result)
+            absent = sorted(wanted.get(group, set()) - set(result.ranks))
+            if absent:
+                missing[(step, group)] = absent
+        return results, missing
+
+
+def _step_key(step: Optional[int]) -> int:
+    return -1 if step is None else step

@@ -23,7 +23,6 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from mf_celldump.compare.anomalies import slot_anomaly
 from mf_celldump.layout.naming import (
     BACKWARD,
     DUMP_JSON,
@@ -33,6 +32,7 @@ from mf_celldump.layout.naming import (
 )
 from mf_celldump.layout.reader import DumpJson
 from mf_celldump.layout.slots import is_tensor, tensor_slots
+from mf_celldump.layout.stat_records import slot_anomaly
 from mf_celldump.statistics import record_number
 
 logger = logging.getLogger(__name__)

@@ -22,13 +22,14 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from tqdm import tqdm
 
-from mf_celldump.compare import msprobe_rules, transforms
-from mf_celldump.compare.errors import CompareInputError
-from mf_celldump.compare.measure import Measured, measure_pair
-from mf_celldump.compare.sources import Unit
-from mf_celldump.compare.store import Store
-from mf_celldump.compare.thresholds import EXACT, Thresholds, canonical_dtype, thresholds_for
-from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, parse_entry_name
+from mf_celldump.analysis.compare import msprobe_rules, transforms
+from mf_celldump.analysis.compare.errors import CompareInputError
+from mf_celldump.analysis.compare.measure import Measured, measure_pair
+from mf_celldump.analysis.compare.sources import Unit
+from mf_celldump.analysis.compare.store import Store
+from mf_celldump.analysis.compare.thresholds import EXACT, Thresholds, thresholds_for
+from mf_celldump.dtypes import canonical_dtype
+from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, layer_of, parse_entry_name
 from mf_celldump.layout.slots import slot_record, tensor_slots, weight_records
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
@@ -88,15 +89,6 @@ def _tensor_counts(direction: str, body: Dict[str, Any]):
     yield ACTIVATION, direction, sum(1 for _ in tensor_slots(direction, body))
     if direction == FORWARD:
         yield WEIGHT, FORWARD, len(weight_records(body))
-
-
-def layer_of(cell: str) -> str:
-    """Depth group of a cell: its name up to the first numbered part (``model.layers.1``), else itself."""
-    parts = cell.split(".")
-    for index, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: index + 1])
-    return cell
 
 
 def enclosing_groups(cells: Iterable[str]) -> set:

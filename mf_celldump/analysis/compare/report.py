@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from mf_celldump.compare.pairing import ACTIVATION, WEIGHT, WEIGHT_GRAD
-from mf_celldump.compare.store import Store
+from mf_celldump.analysis.compare import thresholds
+from mf_celldump.analysis.compare.coverage import MIN_COVERAGE, Coverage
+from mf_celldump.analysis.compare.pairing import ACTIVATION, WEIGHT, WEIGHT_GRAD
+from mf_celldump.analysis.compare.store import Store
+from mf_celldump.config import IndexSelection
 from mf_celldump.layout.naming import FORWARD
+from mf_celldump.mapping import AUTO
 
 NEXT_COUNT = 5
 UPSTREAM_COUNT = 20
@@ -300,3 +304,83 @@ def layer_table(store: Store, step: Optional[int], rank: int):
         order.setdefault(layer, len(order))
     frame["depth"] = frame.layer.map(order)
     return frame.sort_values("depth")
+
+
+def json_number(value: Any) -> Any:
+    """NaN -> None, +-Inf -> "inf"/"-inf", anything else unchanged."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every number JSON can hold (see :func:`json_number`), dict keys as text."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return json_number(value)
+
+
+NONE = "none"
+DEFAULT_OUTPUT = "compare_out"
+PYTORCH = "pytorch"
+
+# What a comparison concludes (the command turns it into an exit status).
+DIVERGED, WITHIN, LOW_COVERAGE, NOTHING = "diverged", "within thresholds", "too little compared", "nothing compared"
+
+@dataclass
+class CompareRequest:
+    target: str
+    baseline: str
+    output: str = DEFAULT_OUTPUT
+    mapping: Tuple[str, ...] = (AUTO,)
+    steps: IndexSelection = field(default_factory=IndexSelection)
+    ranks: IndexSelection = field(default_factory=IndexSelection)
+    thresholds: Dict[str, thresholds.Thresholds] = field(
+        default_factory=lambda: dict(thresholds.DEFAULT_THRESHOLDS)
+    )
+    qkv_groups: Optional[int] = None
+    min_coverage: float = MIN_COVERAGE
+    progress: bool = True
+    html: bool = True
+
+
+@dataclass
+class CompareResult:
+    request: CompareRequest
+    units: List[Dict]
+    unpaired: List[str]
+    mapping_sources: Tuple[str, ...]
+    frameworks: Tuple[str, str]
+    tasks: Tuple[str, str]
+    first: Optional[Divergence]
+    weights: Dict[str, Any]
+    coverage: Coverage
+    crc: Dict[str, Any]
+    csv_path: str
+    plot_path: Optional[str] = None
+    plot_note: str = ""
+    html_path: Optional[str] = None
+
+    @property
+    def compared(self) -> int:
+        """Tensor pairs that were compared (within thresholds or not), every kind."""
+        return sum((unit["ok"] or 0) + (unit["diverged"] or 0) for unit in self.units)
+
+    @property
+    def weights_diverged(self) -> int:
+        return sum(self.weights[kind]["diverged"] for kind in self.weights)
+
+    @property
+    def verdict(self) -> str:
+        if self.first is not None or self.weights_diverged:
+            return DIVERGED
+        if not self.compared:
+            return NOTHING
+        return WITHIN if self.coverage.enough else LOW_COVERAGE
+
+    @property
+    def swapped(self) -> bool:
+        """The target is a PyTorch dump and the baseline a MindSpore one: the arguments look reversed."""
+        return self.frameworks[0] == PYTORCH and self.frameworks[1] != PYTORCH

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from mf_celldump import fsutil
-from mf_celldump.compare import tensors
+from mf_celldump.analysis.compare import tensors
 from mf_celldump.layout.naming import (
     BACKWARD,
     DUMP_JSON,

@@ -13,8 +13,8 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Protocol, Tuple
 
 import numpy as np
 
-from mf_celldump.compare import tensors
-from mf_celldump.compare.errors import CompareInputError
+from mf_celldump.analysis.compare import tensors
+from mf_celldump.analysis.compare.errors import CompareInputError
 from mf_celldump.layout.reader import DumpJson, RankDump
 
 

@@ -30,11 +30,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from mf_celldump.compare import engine, metrics, tensors, transforms
-from mf_celldump.compare import thresholds as thresholds_mod
-from mf_celldump.compare.engine import CompareInputError, CompareRequest, CompareResult
-from mf_celldump.compare.pairing import map_slot
-from mf_celldump.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, ShardError, plan
+from mf_celldump.analysis.compare import engine, metrics, tensors, transforms
+from mf_celldump.analysis.compare import thresholds as thresholds_mod
+from mf_celldump.analysis.compare.engine import CompareInputError
+from mf_celldump.analysis.compare.pairing import map_slot
+from mf_celldump.analysis.compare.report import CompareRequest, CompareResult
+from mf_celldump.analysis.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, ShardError, plan
+from mf_celldump.dtypes import canonical_dtype
 from mf_celldump.layout.naming import FORWARD, parse_entry_name, parse_parameters_grad_name
 from mf_celldump.layout.reader import DumpError, DumpJson, RankDump, find_rank_dumps
 from mf_celldump.layout.slots import slot_record
@@ -371,7 +373,7 @@ def _judge(slot: str, how, parts: List[np.ndarray], base: np.ndarray, group: Gro
         pieces = np.split(base, bounds, axis=axis)
     diverged, within = [], []
     for rank, part, piece in zip(group.ranks, parts, pieces):
-        dtype = thresholds_mod.canonical_dtype(str(part.dtype))
+        dtype = canonical_dtype(str(part.dtype))
         limits = thresholds_mod.thresholds_for(dtype, dtype, thresholds)
         verdict = metrics.tensor_metrics(part, piece, limits, limits == thresholds[thresholds_mod.EXACT])
         (diverged if verdict.diverged else within).append(rank)

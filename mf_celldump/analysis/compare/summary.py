@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.compare.coverage import Coverage, Part
-from mf_celldump.compare.engine import DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult
-from mf_celldump.compare.pairing import WEIGHT, WEIGHT_GRAD
-from mf_celldump.compare.report_data import json_ready
+from mf_celldump.analysis.compare.coverage import Coverage, Part
+from mf_celldump.analysis.compare.pairing import WEIGHT, WEIGHT_GRAD
+from mf_celldump.analysis.compare.report import DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult, json_ready
 
 REASON_LINES = 8
 _CLASS_NAMES = {"no_partner": "no partner", "by_design": "by design", "not_comparable": "not comparable"}

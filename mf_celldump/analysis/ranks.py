@@ -6,6 +6,11 @@ own ranks (a few kilobytes per rank and step), the files are brought together an
 in one run. Each rank folder is read once, one entry at a time; the replica check keeps
 per step and replica group what does not grow with the number of ranks
 (``ranks.replicas``).
+
+Written down as a table of findings (CSV) and a ranks x layers heat map (PNG): each heat-map
+cell is how far that rank's largest output or gradient of that layer lies from the other
+replicas' mean, in orders of magnitude (|log10 ratio|); a cross marks a weight that is not
+bit-identical to the majority, a red circle the first NaN/Inf.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
 from tqdm import tqdm
 
 from mf_celldump.config import IndexSelection
 from mf_celldump.layout.reader import DumpError, find_rank_dumps
-from mf_celldump.ranks import report
-from mf_celldump.ranks.groups import GroupKey, ReplicaGroups
-from mf_celldump.ranks.replicas import CheckOptions, GroupCheck, GroupResult
+from mf_celldump.ranks.groups import ReplicaGroups
+from mf_celldump.ranks.replicas import MARK_ANOMALY, MARK_DEPARTURE, CheckOptions, GroupResult, ReplicaChecks
 from mf_celldump.ranks.summary import RankSummary, SummaryError, from_json, summarize
 from mf_celldump.ranks.verdict import step_line
 
@@ -143,55 +148,6 @@ def _world(request: CheckRequest) -> int:
     return highest + 1
 
 
-class ReplicaChecks:
-    """Every step's replica groups, fed one rank summary at a time in any order."""
-
-    def __init__(self, replicas: ReplicaGroups, options: CheckOptions, world: int, spill_dir: str):
-        self.replicas, self.options, self.world, self.spill_dir = replicas, options, world, spill_dir
-        self.checks: Dict[Tuple[Optional[int], str], GroupCheck] = {}
-        self.labels: Dict[str, str] = {}
-
-    def group(self, rank: int) -> Optional[str]:
-        key: Optional[GroupKey] = self.replicas.group_of(rank, self.world)
-        if key is None:
-            return None
-        group = ",".join(str(k) for k in key)
-        self.labels[group] = self.replicas.label(key)
-        return group
-
-    def add(self, summary: RankSummary) -> None:
-        group = self.group(summary.rank)
-        if group is None:
-            return
-        check = self.checks.get((summary.step, group))
-        if check is None:
-            check = self.checks[(summary.step, group)] = GroupCheck(summary.step, group, self.options, self.spill_dir)
-        check.add(summary)
-
-    def finish(self, expected=None, steps=None) -> Tuple[List[GroupResult], Dict[tuple, List[int]]]:
-        """Results by step and group, and the ranks missing in each: of ``expected`` ranks when given,
-        else of the ranks seen in any step. ``steps``: also report these when no rank had them."""
-        wanted: Dict[str, set] = {}
-        if expected is not None:
-            for rank in expected:
-                group = self.group(rank)
-                if group is not None:
-                    wanted.setdefault(group, set()).add(rank)
-        else:
-            for (_, group), check in self.checks.items():
-                wanted.setdefault(group, set()).update(check.ranks)
-        keys = set(self.checks) | {(step, group) for step in (steps or ()) for group in wanted}
-        results, missing = [], {}
-        for step, group in sorted(keys, key=lambda k: (_step_key(k[0]), k[1])):
-            check = self.checks.get((step, group))
-            result = check.finish() if check else GroupResult(step, group, [])
-            results.append(result)
-            absent = sorted(wanted.get(group, set()) - set(result.ranks))
-            if absent:
-                missing[(step, group)] = absent
-        return results, missing
-
-
 def run(request: CheckRequest) -> CheckResult:
     """Summarise every input rank and check the replicas of each step (``request.check``)."""
     result = CheckResult(request)
@@ -218,15 +174,15 @@ def run(request: CheckRequest) -> CheckResult:
 def _write(result: CheckResult) -> None:
     """The findings table and one heat map per step and group (the first MAX_HEATMAPS)."""
     output = result.request.output
-    rows = report.finding_rows(result.results, result.missing, result.group_labels)
-    result.table = report.write_table(rows, os.path.join(output, "ranks_findings.csv"))
+    rows = finding_rows(result.results, result.missing, result.group_labels)
+    result.table = write_table(rows, os.path.join(output, "ranks_findings.csv"))
     for group_result in result.results[:MAX_HEATMAPS]:
         label = result.group_labels.get(group_result.group)
         suffix = f"_group{group_result.group.replace(',', '-')}" if label else ""
         name = f"ranks_heatmap_step{'-' if group_result.step is None else group_result.step}{suffix}.png"
         line = step_line(group_result, result.missing.get((group_result.step, group_result.group), ()), label)
         title = "\n".join(textwrap.wrap(line, 150)[:3])
-        path = report.write_heatmap(group_result, os.path.join(output, name), title)
+        path = write_heatmap(group_result, os.path.join(output, name), title)
         if path:
             result.heatmaps.append(path)
 
@@ -245,5 +201,96 @@ def _fold(request: CheckRequest, result: CheckResult, checks: ReplicaChecks) -> 
             writer.close()
 
 
-def _step_key(step: Optional[int]) -> int:
-    return -1 if step is None else step
+COLUMNS = ("step", "group", "finding", "rank", "direction", "cell", "tensor", "detail", "count")
+HEAT_CAP = 3.0  # orders of magnitude: the colour scale saturates here
+MAX_TICKS = 40
+# Rows drawn at most: beyond, each row is the worst of consecutive ranks. Matplotlib's image
+# resampling takes memory in proportion to the rows (126 MB at 1024 rows, 53 at 64); the
+# table names every rank anyway.
+MAX_ROWS = 128
+
+
+def finding_rows(results: List[GroupResult], missing: Dict, labels: Dict[str, str]) -> List[dict]:
+    rows = []
+    for result in results:
+        base = {"step": result.step, "group": labels.get(result.group) or "all"}
+        for rank, anomaly in result.anomaly:
+            rows.append(dict(base, finding=f"first {anomaly.kind}", rank=rank, direction=anomaly.direction,
+                             cell=anomaly.cell, tensor=", ".join(s["slot"] for s in anomaly.slots),
+                             detail=anomaly.entry))
+        for item in result.departures:
+            rows.append(dict(base, finding="departs", rank=item["rank"], direction="forward" if item["kind"] ==
+                             "weight" else "backward", cell=item["cell"], tensor=item["label"],
+                             detail=f"{item['kind']} not bit-identical to the majority", count=item["count"]))
+        for item in result.suspects:
+            rows.append(dict(base, finding="suspect", rank=item["rank"], cell=item["cell"], tensor=item["label"],
+                             direction="backward" if item["label"].startswith(("backward", "grad")) else "forward",
+                             detail=f"{item['metric']} x{10 ** item['deviation']:.3g} the other replicas' mean",
+                             count=item["count"]))
+        for key in result.varying:
+            rows.append(dict(base, finding="varies", detail=f"{key}: differs on every replica"))
+        for rank in missing.get((result.step, result.group), ()):
+            rows.append(dict(base, finding="missing", rank=rank, detail="no data for this step"))
+        if result.clean and not missing.get((result.step, result.group)):
+            rows.append(dict(base, finding="clean", count=len(result.ranks)))
+    return rows
+
+
+def write_table(rows: List[dict], path: str) -> str:
+    import pandas as pd
+
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    for column in ("step", "rank", "count"):  # integers with gaps, not floats
+        frame[column] = frame[column].astype("Int64")
+    frame.to_csv(path, index=False)
+    os.chmod(path, 0o640)
+    return path
+
+
+def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
+    """The PNG of one step and group; None when there is nothing to draw."""
+    if result.heat is None or not result.layers or not result.ranks:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heat, marks, labels = _binned(np.minimum(result.heat, HEAT_CAP), result.marks, result.ranks)
+    rows, cols = heat.shape
+    fig, axis = plt.subplots(figsize=(min(18.0, 3.0 + 0.45 * cols), min(14.0, 2.5 + 0.3 * rows)))
+    image = axis.imshow(heat, aspect="auto", cmap="magma_r", vmin=0.0, vmax=HEAT_CAP, interpolation="nearest")
+    for mark, style in ((MARK_DEPARTURE, dict(marker="x", color="tab:blue", label="weight not bit-identical")),
+                        (MARK_ANOMALY, dict(marker="o", facecolors="none", edgecolors="red", label="first NaN/Inf"))):
+        ys, xs = np.nonzero(marks & mark)
+        if len(xs):
+            axis.scatter(xs, ys, s=40, **style)
+    _ticks(axis.set_xticks, axis.set_xticklabels, result.layers, rotation=60)
+    _ticks(axis.set_yticks, axis.set_yticklabels, labels, rotation=0)
+    axis.set_title(title, fontsize=9)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=7, loc="upper right")
+    fig.colorbar(image, ax=axis, label="|log10| off the other replicas (capped at 3)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    os.chmod(path, 0o640)
+    return path
+
+
+def _binned(heat: np.ndarray, marks: np.ndarray, ranks: List[int]):
+    """At most MAX_ROWS rows: the worst value and every mark of each run of consecutive ranks."""
+    size = -(-len(ranks) // MAX_ROWS)
+    if size == 1:
+        return heat, marks, [f"rank {r}" for r in ranks]
+    pad = (-len(ranks)) % size
+    heat = np.pad(heat, ((0, pad), (0, 0))).reshape(-1, size, heat.shape[1]).max(axis=1)
+    marks = np.bitwise_or.reduce(np.pad(marks, ((0, pad), (0, 0))).reshape(-1, size, marks.shape[1]), axis=1)
+    labels = [f"ranks {ranks[i]}-{ranks[min(i + size, len(ranks)) - 1]}" for i in range(0, len(ranks), size)]
+    return heat, marks, labels
+
+
+def _ticks(set_ticks, set_labels, labels: List[str], rotation: int) -> None:
+    every = max(1, len(labels) // MAX_TICKS)
+    set_ticks(range(0, len(labels), every))
+    set_labels(labels[::every], rotation=rotation, ha="right", fontsize=7)

@@ -26,8 +26,8 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from mf_celldump.compare.stat_records import STATS
-from mf_celldump.compare.thresholds import Thresholds
+from mf_celldump.analysis.compare.thresholds import Thresholds
+from mf_celldump.layout.stat_records import STATS
 
 TINY = 1e-30
 MEAN_FLOOR = 0.01  # Mean is compared relative to at least this share of the RMS

@@ -13,6 +13,8 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from mf_celldump.dtypes import canonical_dtype
+
 STATS = ("Max", "Min", "Mean", "Norm")
 NAN, INF = "nan", "inf"
 
@@ -87,3 +89,30 @@ def describe_nonfinite(found: Mapping[str, Optional[int]]) -> str:
         return "finite"
     names = {NAN: "NaN", INF: "Inf"}
     return ", ".join(f"{n} {names[k]}" if n is not None else names[k] for k, n in found.items())
+
+
+def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[str]:
+    """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics.
+
+    NaN and Inf are told apart by :func:`nonfinite_kinds` (a NaN Mean beside an
+    infinite Max or Min is Inf, not NaN). ``large`` looks at floating-point tensors only
+    (token ids and positions are integers) and leaves out additive masks: a tensor whose
+    largest value is 0 and whose smallest is at most -``max_abs`` is the -10000 (or dtype
+    minimum) fill MindFormers and Megatron add to masked attention scores.
+    """
+    kinds = nonfinite_kinds(record)
+    if kinds:
+        return NAN if NAN in kinds else INF
+    if max_abs is None or not _floating(record):
+        return None
+    stats = record_stats(record)
+    top, bottom = stats["Max"], stats["Min"]
+    if top == 0.0 and bottom is not None and bottom <= -max_abs:
+        return None
+    extremes = [abs(v) for v in (top, bottom) if v is not None]
+    return "large" if extremes and max(extremes) > max_abs else None
+
+
+def _floating(record: Dict[str, Any]) -> bool:
+    dtype = canonical_dtype(record.get("dtype"))
+    return dtype.startswith(("float", "bfloat", "complex")) or dtype in ("half", "double")

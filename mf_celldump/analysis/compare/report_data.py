@@ -13,17 +13,22 @@ from __future__ import annotations
 import datetime
 import heapq
 import math
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
-from mf_celldump.compare.pairing import ACTIVATION
-from mf_celldump.compare.plot import dominant_limits
-from mf_celldump.compare.report import DIRECTION_ORDER, UNIT_ORDER, layer_table
-from mf_celldump.compare.store import Store
+from mf_celldump.analysis.compare.pairing import ACTIVATION
+from mf_celldump.analysis.compare.plot import dominant_limits
+from mf_celldump.analysis.compare.report import (
+    DIRECTION_ORDER,
+    UNIT_ORDER,
+    CompareResult,
+    json_number,
+    json_ready,
+    layer_table,
+)
+from mf_celldump.analysis.compare.store import Store
+from mf_celldump.analysis.compare.summary import crc_lines, header, weight_lines
 from mf_celldump.layout.naming import DIRECTIONS
 from mf_celldump.version import __version__
-
-if TYPE_CHECKING:  # the engine imports this module
-    from mf_celldump.compare.engine import CompareResult
 
 MAX_TABLE_ROWS = 20000
 TABLE_COLUMNS = (
@@ -33,27 +38,7 @@ TABLE_COLUMNS = (
 )
 
 
-def json_number(value: Any) -> Any:
-    """NaN -> None, +-Inf -> "inf"/"-inf", anything else unchanged."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def json_ready(value: Any) -> Any:
-    """``value`` with every number JSON can hold (see :func:`json_number`), dict keys as text."""
-    if isinstance(value, TableRows):
-        return value
-    if isinstance(value, dict):
-        return {str(k): json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return json_number(value)
-
-
 def report_data(store: Store, result: CompareResult) -> Dict[str, Any]:
-    from mf_celldump.compare.summary import crc_lines, header, weight_lines  # the summary imports this module
-
     request, first = result.request, result.first
     step, rank = (first.step, first.rank) if first else (result.units[0]["step"], result.units[0]["rank"])
     dtype, limits = dominant_limits(store, step, rank, request.thresholds)

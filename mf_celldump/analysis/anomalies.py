@@ -14,13 +14,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.compare import stat_records
-from mf_celldump.compare.stat_records import INF, NAN
-from mf_celldump.compare.thresholds import canonical_dtype
 from mf_celldump.config import IndexSelection
+from mf_celldump.layout import stat_records
 from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
 from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
 from mf_celldump.layout.slots import tensor_slots
+from mf_celldump.layout.stat_records import slot_anomaly
 
 
 @dataclass
@@ -47,33 +46,6 @@ class Finding:
             return ("its inputs already have them: made before this cell, by its parent's code between cells "
                     "or in the input data")
         return ""
-
-
-def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[str]:
-    """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics.
-
-    NaN and Inf are told apart by :func:`stat_records.nonfinite_kinds` (a NaN Mean beside an
-    infinite Max or Min is Inf, not NaN). ``large`` looks at floating-point tensors only
-    (token ids and positions are integers) and leaves out additive masks: a tensor whose
-    largest value is 0 and whose smallest is at most -``max_abs`` is the -10000 (or dtype
-    minimum) fill MindFormers and Megatron add to masked attention scores.
-    """
-    kinds = stat_records.nonfinite_kinds(record)
-    if kinds:
-        return NAN if NAN in kinds else INF
-    if max_abs is None or not _floating(record):
-        return None
-    stats = stat_records.record_stats(record)
-    top, bottom = stats["Max"], stats["Min"]
-    if top == 0.0 and bottom is not None and bottom <= -max_abs:
-        return None
-    extremes = [abs(v) for v in (top, bottom) if v is not None]
-    return "large" if extremes and max(extremes) > max_abs else None
-
-
-def _floating(record: Dict[str, Any]) -> bool:
-    dtype = canonical_dtype(record.get("dtype"))
-    return dtype.startswith(("float", "bfloat", "complex")) or dtype in ("half", "double")
 
 
 def slot_details(record: Dict[str, Any]) -> Dict[str, Any]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping
+
+from mf_celldump.dtypes import canonical_dtype
 
 
 @dataclass(frozen=True)
@@ -38,25 +40,6 @@ _PRECISION_ORDER = (EXACT, "float64", "float32", "float16", "bfloat16")
 # Names a user may give before the key: the float classes, and exact for integers and bools.
 _INTEGER_NAMES = ("int", "uint", "bool", EXACT)
 
-_DTYPE_ALIASES = {
-    "float": "float32",
-    "double": "float64",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "fp32": "float32",
-    "fp16": "float16",
-    "fp64": "float64",
-    "long": "int64",
-    "int": "int32",
-    "bool_": "bool",
-}
-
-
-def canonical_dtype(dtype: Optional[str]) -> str:
-    """``Float32``, ``torch.float32``, ``float32`` -> ``float32``."""
-    text = str(dtype or "").strip().lower()
-    text = text.rpartition(".")[2]
-    return _DTYPE_ALIASES.get(text, text)
 
 
 def threshold_class(dtype: str) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional, Tuple
 
-from mf_celldump.compare.report import Divergence, layer_table
-from mf_celldump.compare.store import Store
-from mf_celldump.compare.thresholds import Thresholds, thresholds_for
+from mf_celldump.analysis.compare.report import Divergence, layer_table
+from mf_celldump.analysis.compare.store import Store
+from mf_celldump.analysis.compare.thresholds import Thresholds, thresholds_for
 from mf_celldump.layout.naming import DIRECTIONS
 
 FLOOR = 1e-12  # plotted instead of 0 on the log axis

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List
 
-from mf_celldump.compare.pairing import ACTIVATION, BY_DESIGN, KINDS, NO_PARTNER, NOT_COMPARABLE
-from mf_celldump.compare.store import Store
+from mf_celldump.analysis.compare.pairing import ACTIVATION, BY_DESIGN, KINDS, NO_PARTNER, NOT_COMPARABLE
+from mf_celldump.analysis.compare.store import Store
 from mf_celldump.layout.naming import BACKWARD, FORWARD
 
 MIN_COVERAGE = 0.5

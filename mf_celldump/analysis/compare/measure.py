@@ -21,10 +21,11 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from mf_celldump.compare import metrics, stat_records, tensors
-from mf_celldump.compare.sources import DumpSide
-from mf_celldump.compare.thresholds import Thresholds
-from mf_celldump.compare.transforms import NotComparable, Plan
+from mf_celldump.analysis.compare import metrics, tensors
+from mf_celldump.analysis.compare.sources import DumpSide
+from mf_celldump.analysis.compare.thresholds import Thresholds
+from mf_celldump.analysis.compare.transforms import NotComparable, Plan
+from mf_celldump.layout import stat_records
 
 TENSOR, STATISTICS = "tensor", "statistics"
 

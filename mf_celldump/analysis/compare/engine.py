@@ -12,95 +12,32 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from mf_celldump.compare import msprobe_rules, thresholds
-from mf_celldump.compare.coverage import MIN_COVERAGE, Coverage, measure_coverage
-from mf_celldump.compare.errors import CompareInputError
-from mf_celldump.compare.pairing import PairOptions, UnitPairer, load_unit
-from mf_celldump.compare.report import (
-    Divergence,
+from mf_celldump.analysis.compare import msprobe_rules
+from mf_celldump.analysis.compare.coverage import measure_coverage
+from mf_celldump.analysis.compare.errors import CompareInputError
+from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, load_unit
+from mf_celldump.analysis.compare.report import (
+    NONE,
+    PYTORCH,
+    CompareRequest,
+    CompareResult,
     crc_summary,
     first_divergence,
     unit_counts,
     weight_summary,
     write_csv,
 )
-from mf_celldump.compare.sources import RankFolder, Unit
-from mf_celldump.compare.store import Store
-from mf_celldump.config import IndexSelection
+from mf_celldump.analysis.compare.sources import RankFolder, Unit
+from mf_celldump.analysis.compare.store import Store
 from mf_celldump.layout.reader import DumpError, RankDump, find_rank_dumps
 from mf_celldump.mapping import AUTO, LayerMapping, resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
 
 logger = logging.getLogger(__name__)
-NONE = "none"
-DEFAULT_OUTPUT = "compare_out"
-PYTORCH = "pytorch"
-
-# What a comparison concludes (the command turns it into an exit status).
-DIVERGED, WITHIN, LOW_COVERAGE, NOTHING = "diverged", "within thresholds", "too little compared", "nothing compared"
 
 __all__ = ["CompareInputError", "CompareRequest", "CompareResult", "plan_units", "run"]
-
-
-@dataclass
-class CompareRequest:
-    target: str
-    baseline: str
-    output: str = DEFAULT_OUTPUT
-    mapping: Tuple[str, ...] = (AUTO,)
-    steps: IndexSelection = field(default_factory=IndexSelection)
-    ranks: IndexSelection = field(default_factory=IndexSelection)
-    thresholds: Dict[str, thresholds.Thresholds] = field(
-        default_factory=lambda: dict(thresholds.DEFAULT_THRESHOLDS)
-    )
-    qkv_groups: Optional[int] = None
-    min_coverage: float = MIN_COVERAGE
-    progress: bool = True
-    html: bool = True
-
-
-@dataclass
-class CompareResult:
-    request: CompareRequest
-    units: List[Dict]
-    unpaired: List[str]
-    mapping_sources: Tuple[str, ...]
-    frameworks: Tuple[str, str]
-    tasks: Tuple[str, str]
-    first: Optional[Divergence]
-    weights: Dict[str, Any]
-    coverage: Coverage
-    crc: Dict[str, Any]
-    csv_path: str
-    plot_path: Optional[str] = None
-    plot_note: str = ""
-    html_path: Optional[str] = None
-
-    @property
-    def compared(self) -> int:
-        """Tensor pairs that were compared (within thresholds or not), every kind."""
-        return sum((unit["ok"] or 0) + (unit["diverged"] or 0) for unit in self.units)
-
-    @property
-    def weights_diverged(self) -> int:
-        return sum(self.weights[kind]["diverged"] for kind in self.weights)
-
-    @property
-    def verdict(self) -> str:
-        if self.first is not None or self.weights_diverged:
-            return DIVERGED
-        if not self.compared:
-            return NOTHING
-        return WITHIN if self.coverage.enough else LOW_COVERAGE
-
-    @property
-    def swapped(self) -> bool:
-        """The target is a PyTorch dump and the baseline a MindSpore one: the arguments look reversed."""
-        return self.frameworks[0] == PYTORCH and self.frameworks[1] != PYTORCH
-
 
 def plan_units(targets: Sequence[RankDump], baselines: Sequence[RankDump], request: CompareRequest):
     """Pair rank folders by step and rank (one folder on each side always pairs); (units, unpaired labels)."""
@@ -191,7 +128,7 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
 
 
 def _write_reports(store: Store, result: CompareResult) -> None:
-    from mf_celldump.compare.plot import write_plot
+    from mf_celldump.analysis.compare.plot import write_plot
 
     request = result.request
     write_csv(store, result.csv_path)
@@ -200,8 +137,8 @@ def _write_reports(store: Store, result: CompareResult) -> None:
     title = f"{request.target} vs {request.baseline} (step {'-' if step is None else step}, rank {rank})"
     plot_path = os.path.join(request.output, "compare_depth.png")
     if request.html:  # before the plot: matplotlib leaves the heap fragmented (measured: +7 MB peak after it)
-        from mf_celldump.compare.html_report import write_html
-        from mf_celldump.compare.report_data import report_data
+        from mf_celldump.analysis.compare.html_report import write_html
+        from mf_celldump.analysis.compare.report_data import report_data
 
         result.html_path = os.path.join(request.output, "report.html")
         write_html(result.html_path, report_data(store, result))
