@@ -43,9 +43,106 @@ logger = logging.getLogger(__name__)
 class CellDumpCallback(Callback):
     """Dump inputs/outputs (and gradients) of every selected cell for the selected steps.
 
-    Keywords are the configuration keys (see README, "Configuration reference"); they are
-    validated here, so a bad value fails when the callback is built, before training.
-    ``config`` may hold a ``DumpConfig`` or a dict of the same keys (keywords win).
+    Output is msprobe's dump layout, ``<dump_path>/step{N}/rank{R}/`` (``rank/`` on a single
+    card), readable by ``msprobe compare``/``graph_visualize`` and ``mf-celldump compare``.
+    Capture is attached before the graph is compiled (``on_train_begin``, or earlier when
+    MindFormers compiles first); each captured step is processed by a worker process beside
+    training, and ``on_train_end`` waits for it. Every keyword is validated here, so a bad
+    value raises ``ConfigError`` (naming the key, the value and what is valid) when the
+    callback is built, before training; an unknown key does too, with the closest valid key.
+
+    Args:
+        config (Union[DumpConfig, dict], optional): A ``DumpConfig``, or a dict of the keys
+            below. Keywords given beside it win. Default: ``None`` (every key at its default).
+        dump_path (str, optional): Folder for the raw capture (``_raw/``) and the processed
+            dump (``step{N}/``). One folder holds one run: a folder holding another run's dump
+            is refused before training; a resumed run continues its own. Default: ``None``,
+            meaning ``<output_dir>/celldump``, where ``output_dir`` is MindFormers 2.0's
+            trainer argument, else ``$LOCAL_DEFAULT_PATH`` (MindFormers sets it from the run
+            config's ``output_dir``), else ``./output``.
+        task (str, optional): ``"statistics"`` (numbers only) or ``"tensor"`` (every value as
+            a ``.npy`` file, plus statistics). Default: ``"statistics"``.
+        data_mode (str, optional): ``"forward"``, ``"backward"`` or ``"all"``. Default: ``"all"``.
+        steps (Union[str, int, list], optional): Global steps to capture, 0-based: ``"all"``,
+            an int, a string such as ``"0,5-7"``, or a list such as ``[0, "5-7"]`` (at most
+            10,000 items). Default: ``"all"``.
+        ranks (Union[str, int, list], optional): Ranks that capture, same syntax as ``steps``.
+            Default: ``"all"``.
+        include (Union[str, list[str]], optional): ``fnmatch`` patterns (case-sensitive) on
+            cell names as ``cells_and_names()`` gives them after training wrappers are peeled
+            off, e.g. ``"model.layers.*"``; an empty list is refused. The model root,
+            classes whose names start with ``_`` and ``grad_reducer`` are never captured.
+            Default: ``["*"]``.
+        exclude (Union[str, list[str]], optional): Patterns of cell names to skip, applied
+            after ``include``. Default: ``[]``.
+        exclude_classes (Union[str, list[str]], optional): Cell class names to skip, exactly
+            as ``type(cell).__name__``. Default: ``[]``.
+        layer_mapping (Union[str, list[str]], optional): ``"auto"`` (the bundled mappings
+            with a section for a class of the network), bundled names (``"llama"``,
+            ``"mcore_gpt"``), paths of your own YAML mapping files (layered over the bundled
+            ones, yours win per class and child), or ``"none"``/``None``/``False`` for no
+            mapping. Default: ``"auto"``. See ``docs/layer-mapping.md``.
+        statistics (Union[str, list[str]], optional): Any of ``"max"``, ``"min"``, ``"mean"``,
+            ``"norm"``, ``"md5"`` (msprobe's name for a CRC-32), ``"nan_count"``,
+            ``"inf_count"``; not empty. Default: ``["max", "min", "mean", "norm"]``.
+        backend (str, optional): ``"auto"`` picks by device, mode and task (one log line
+            says which and why); or force one of ``"tensordump"``, ``"host"``,
+            ``"device_stats"`` (statistics task only), ``"kbk_statistics"``. Default:
+            ``"auto"``. See ``docs/capture.md``.
+        parameters (bool, optional): Record each captured cell's own weights in its forward
+            entries and their gradients as ``parameters_grad`` entries, as msprobe's L0 dump
+            does. Default: ``True``.
+        process_on_train_end (bool, optional): Process complete steps in a worker process
+            during training and at its end; ``False`` leaves everything raw for
+            ``mf-celldump process``. Default: ``True``.
+        process_timeout (float, optional): Seconds ``on_train_end`` waits for processing
+            still running, > 0 and at most a year; what is left stays raw for
+            ``mf-celldump process``. Default: ``1800``.
+        jobs (int, optional): Processes the processing of a step uses, a positive int.
+            Default: ``None``: 1 in the worker process beside training, the CPU count when
+            the training process processes steps itself (the worker could not start).
+            ``mf-celldump process`` has its own ``--jobs``.
+        rank_verdict (bool, optional): In a distributed run rank 0 logs, per captured step,
+            which replica went wrong first and where. Default: ``True``. See ``docs/ranks.md``.
+        rank_verdict_timeout (float, optional): Seconds rank 0 waits at train end for the
+            other ranks' summaries, > 0 and at most a year. Default: ``20`` (below
+            MindSpore's 30 s node timeout).
+        replica_groups (str, optional): Which ranks are data-parallel replicas: ``"all"``,
+            ``"model_parallel=T[,pipeline_stages=P]"``, or groups such as ``"0,2;1,3"`` or
+            ``"0-3;4-7"``. Default: ``"all"``.
+        auto_register (str, optional): Accepted and ignored; in a YAML entry it tells
+            MindFormers to import the registration module
+            (``celldump_callback.CellDumpCallback``).
+
+    Raises:
+        ConfigError: A key is unknown, a value is invalid, or ``dump_path`` is not a
+            writable folder.
+
+    Examples:
+        In a MindFormers run config, launched with
+        ``--register_path "$(mf-celldump register-path)"``:
+
+        .. code-block:: yaml
+
+            callbacks:
+              - type: MFLossMonitor
+              - type: CellDumpCallback
+                auto_register: celldump_callback.CellDumpCallback
+                task: statistics
+                data_mode: all
+                steps: "0,5-7"
+                ranks: "0-7"
+                layer_mapping: auto
+                dump_path: /cache/celldump
+
+        From Python, with MindFormers' ``Trainer`` or MindSpore's ``Model.train``:
+
+        >>> from mf_celldump import CellDumpCallback
+        >>> dump = CellDumpCallback(task="tensor", steps="0-1", include=["model.layers.0.*"])
+        >>> trainer = Trainer(config, callbacks=[dump])           # mindformers.Trainer
+        >>> trainer.train()
+        >>> model.train(2, dataset, callbacks=[dump])              # or mindspore.train.Model
+        >>> dump.summary                                           # what was captured and processed
     """
 
     def __init__(self, config: Union[DumpConfig, Mapping, None] = None, **keys: Any):
