@@ -2,7 +2,7 @@
 
 msprobe is started in a child process that imports mindspore before msprobe, with the
 pure-Python protobuf runtime: with protobuf >= 4 anything else fails with "Descriptors
-cannot be created directly" (README.md, "Output layout"); with the pinned 3.20.3 the
+cannot be created directly" (README.md, "Compare two runs"); with the pinned 3.20.3 the
 plain ``msprobe`` script works too (tests/test_first_use.py runs it).
 """
 

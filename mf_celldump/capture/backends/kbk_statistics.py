@@ -146,8 +146,8 @@ class KbkStatisticsBackend(TensorDumpBackend):
         """Nothing: the next ``begin_step`` re-pins the iteration."""
 
     def teardown(self) -> None:
-        # MindSpore read both variables already and keeps them for the process (README, "Known
-        # limits"); restoring them only keeps them from a child process.
+        # MindSpore read both variables already and keeps them for the process (docs/capture.md,
+        # "what MindSpore keeps once per process"); restoring them only keeps them from a child process.
         environ = self.primitives.environ if self.primitives is not None else os.environ
         for name, value in self._saved_env.items():
             if value is None:
