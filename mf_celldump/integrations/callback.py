@@ -48,9 +48,9 @@ class CellDumpCallback(Callback):
     Capture is attached before the graph is compiled (``on_train_begin``, or earlier when
     MindFormers compiles first); each captured step is processed by a worker process beside
     training, and ``on_train_end`` waits for it (unless ``process_on_train_end`` is False).
-    Every keyword is validated here, so a bad
-    value raises ``ConfigError`` (naming the key, the value and what is valid) when the
-    callback is built, before training; an unknown key does too, with the closest valid key.
+    Every keyword is validated here, so a bad value raises ``ConfigError`` (naming the key,
+    the value and what is valid) when the callback is built, before training; an unknown
+    key does too, with the closest valid key.
 
     Args:
         config (Union[DumpConfig, dict], optional): A ``DumpConfig``, or a dict of the keys
