@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 SUMMARY_SUFFIXES = (".jsonl.gz", ".jsonl")
 MAX_LINE = 64 << 20  # one summary line is kilobytes; far more is not a summary
 MAX_HEATMAPS = 16
+DEFAULT_OUTPUT = "ranks_out"
 
 
 class RankCheckError(ValueError):
@@ -75,6 +76,28 @@ class CheckResult:
     @property
     def diverged(self) -> bool:
         return any(r.anomaly or r.first_departure or r.varying for r in self.results)
+
+
+def default_output(paths: Tuple[str, ...]) -> str:
+    """Where the table and heat maps go without ``-o``: beside the first input, not the working folder.
+
+    ``<dump>/ranks_out`` for a dump root, ``ranks_out`` beside a summary file; when that folder
+    may not be written (someone else's dump, a read-only mount), ``./ranks_out`` and a warning.
+    """
+    first = paths[0]
+    if not os.path.exists(first):
+        raise RankCheckError(f"{first}: no such file or folder; give dump roots (step*/rank*/dump.json) or "
+                             "rank-summary files ending in .jsonl.gz")
+    parent = os.path.dirname(os.path.abspath(first)) if is_summary_file(first) else first
+    target = os.path.join(parent, DEFAULT_OUTPUT)
+    if os.path.isdir(target) and os.access(target, os.W_OK | os.X_OK):
+        return target
+    if os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK) and not os.path.lexists(target):
+        return target
+    if os.path.isdir(parent):
+        logger.warning("%s cannot be written: the table and heat maps go to ./%s (-o FOLDER to choose)", target,
+                       DEFAULT_OUTPUT)
+    return DEFAULT_OUTPUT
 
 
 def is_summary_file(path: str) -> bool:
@@ -181,8 +204,7 @@ def _write(result: CheckResult) -> None:
         suffix = f"_group{group_result.group.replace(',', '-')}" if label else ""
         name = f"ranks_heatmap_step{'-' if group_result.step is None else group_result.step}{suffix}.png"
         line = step_line(group_result, result.missing.get((group_result.step, group_result.group), ()), label)
-        title = "\n".join(textwrap.wrap(line, 150)[:3])
-        path = write_heatmap(group_result, os.path.join(output, name), title)
+        path = write_heatmap(group_result, os.path.join(output, name), line)
         if path:
             result.heatmaps.append(path)
 
@@ -232,7 +254,8 @@ def finding_rows(results: List[GroupResult], missing: Dict, labels: Dict[str, st
         for rank in missing.get((result.step, result.group), ()):
             rows.append(dict(base, finding="missing", rank=rank, detail="no data for this step"))
         if result.clean and not missing.get((result.step, result.group)):
-            rows.append(dict(base, finding="clean", count=len(result.ranks)))
+            alone = {"detail": "the only replica: nothing to compare it with"} if len(result.ranks) == 1 else {}
+            rows.append(dict(base, finding="clean", count=len(result.ranks), **alone))
     return rows
 
 
@@ -258,7 +281,10 @@ def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
 
     heat, marks, labels = _binned(np.minimum(result.heat, HEAT_CAP), result.marks, result.ranks)
     rows, cols = heat.shape
-    fig, axis = plt.subplots(figsize=(min(18.0, 3.0 + 0.45 * cols), min(14.0, 2.5 + 0.3 * rows)))
+    # Constrained layout keeps the colour bar's label and the tick labels inside the figure; the
+    # height leaves room for that label even with two ranks.
+    width, height = max(6.0, min(18.0, 3.0 + 0.45 * cols)), max(4.0, min(14.0, 2.5 + 0.3 * rows))
+    fig, axis = plt.subplots(figsize=(width, height), layout="constrained")
     image = axis.imshow(heat, aspect="auto", cmap="magma_r", vmin=0.0, vmax=HEAT_CAP, interpolation="nearest")
     for mark, style in ((MARK_DEPARTURE, dict(marker="x", color="tab:blue", label="weight not bit-identical")),
                         (MARK_ANOMALY, dict(marker="o", facecolors="none", edgecolors="red", label="first NaN/Inf"))):
@@ -267,12 +293,12 @@ def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
             axis.scatter(xs, ys, s=40, **style)
     _ticks(axis.set_xticks, axis.set_xticklabels, result.layers, rotation=60)
     _ticks(axis.set_yticks, axis.set_yticklabels, labels, rotation=0)
-    axis.set_title(title, fontsize=9)
+    axis.set_title("\n".join(textwrap.wrap(title, int(width * 12))[:3]), fontsize=9)  # ~12 characters an inch
     if axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize=7, loc="upper right")
-    fig.colorbar(image, ax=axis, label="|log10| off the other replicas (capped at 3)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    bar = fig.colorbar(image, ax=axis, fraction=0.04, pad=0.02)
+    bar.set_label(f"|log10| off the other replicas (capped at {HEAT_CAP:g})", fontsize=8)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     os.chmod(path, 0o640)
     return path
