@@ -318,3 +318,41 @@ def test_anomalies_read_msprobe_parameters(tmp_path, capsys):
     (first,) = result["first"]
     assert code == 1 and first["entry"] == "Cell.block.fc2.Dense.forward.0"
     assert first["slots"][0]["slot"] == "param.weight" and first["note"] == "one of its own weights is bad"
+
+
+def test_pairs_table_keeps_missing_values_empty_integers_whole_and_floats_exact(tmp_path):
+    """compare_pairs.csv without pandas: its columns in the store's order, the rows in execution order, a
+    missing value an empty field, step/rank/pos as integers, every float as repr writes it (read back
+    equal), text with commas or quotes quoted as the csv module does."""
+    import csv
+
+    from mf_celldump.analysis.compare.report import layer_table, write_csv
+    from mf_celldump.analysis.compare.store import PAIR_COLUMNS, Store
+
+    store = Store(str(tmp_path / "pairs.db"))
+    rows = [dict(step=0, rank=0, folder="rank0", pos=pos, kind="activation", direction=direction, entry=f"e{pos}",
+                 cell=cell, layer=layer, slot="output.0", status=status, cosine=cosine, rel_err=rel_err,
+                 reason=reason, score=score)
+            for pos, direction, cell, layer, status, cosine, rel_err, reason, score in [
+                (3, "backward", "model.layers.0.attention", "model.layers.0", "ok", 0.1 + 0.2, 1e-17, None, 1),
+                (1, "forward", "model.layers.1.attention", "model.layers.1", "diverged", 0.5, float("inf"),
+                 'shape [2, 3] vs "[3, 2]"', 2.0),
+                (0, "forward", "model.layers.0.attention", "model.layers.0", "ok", None, 0.0, None, None),
+                (2, "backward", "model.embed", "model.embed", "skipped", None, None, "no baseline", None)]]
+    store.add_pairs(rows)
+    write_csv(store, str(tmp_path / "pairs.csv"))
+    text = (tmp_path / "pairs.csv").read_text()
+    lines = text.split("\n")
+    assert lines[0] == ",".join(PAIR_COLUMNS) and lines[-1] == "" and "\r" not in text
+    table = list(csv.DictReader(lines))
+    assert [(r["direction"], r["pos"]) for r in table] == [("forward", "0"), ("forward", "1"), ("backward", "2"),
+                                                           ("backward", "3")]
+    assert table[0]["cosine"] == "" and table[0]["step"] == "0" and table[0]["rel_err"] == "0.0"
+    assert table[1]["rel_err"] == "inf" and table[1]["reason"] == 'shape [2, 3] vs "[3, 2]"'
+    assert table[3]["cosine"] == repr(0.1 + 0.2) and float(table[3]["rel_err"]) == 1e-17
+    assert table[3]["score"] == "1.0"  # a real column holds floats, whole or not
+    layers = layer_table(store, 0, 0)
+    assert [(r.layer, r.direction, r.depth) for r in layers] == [
+        ("model.layers.0", "forward", 0), ("model.layers.0", "backward", 0), ("model.layers.1", "forward", 1)]
+    assert layers[0].cosine is None and layers[1].cosine == 0.1 + 0.2 and layers[2].diverged == 1
+    store.close()

@@ -41,14 +41,14 @@ def write_plot(
     import matplotlib.pyplot as plt
 
     layers = layer_table(store, step, rank)
-    if layers.empty:
+    if not layers:
         return NO_PLOT
     dtype, limits = dominant_limits(store, step, rank, table)
     lines = {"1 - cosine": 1.0 - limits.cosine, "rel_err": limits.rel_err, "stat_rel": limits.stat_rel}
-    labels = list(dict.fromkeys(layers.sort_values("depth").layer))
+    labels = list(dict.fromkeys(row.layer for row in layers))  # in depth order
     fig, axes = plt.subplots(2, 1, figsize=(min(16.0, max(6.0, 0.45 * len(labels) + 2)), 6.5), sharex=True)
     for axis, direction in zip(axes, DIRECTIONS):
-        part = layers[layers.direction == direction]
+        part = [row for row in layers if row.direction == direction]
         _series(
             axis,
             part,
@@ -92,7 +92,7 @@ def write_plot(
 
 
 def _series(axis, part, label, value, color, marker) -> None:
-    points = [(int(r.depth), value(r)) for r in part.itertuples() if _finite(value(r))]
+    points = [(r.depth, value(r)) for r in part if _finite(value(r))]
     if points:
         xs, ys = zip(*points)
         axis.plot(xs, [max(y, FLOOR) for y in ys], marker=marker, color=color, label=label, linewidth=1)
