@@ -356,3 +356,33 @@ def test_pairs_table_keeps_missing_values_empty_integers_whole_and_floats_exact(
         ("model.layers.0", "forward", 0), ("model.layers.0", "backward", 0), ("model.layers.1", "forward", 1)]
     assert layers[0].cosine is None and layers[1].cosine == 0.1 + 0.2 and layers[2].diverged == 1
     store.close()
+
+
+def _layered(scale):
+    """Two decoder layers, so that the depth plot has something to draw."""
+    return {"Cell.model.layers.0.fc.Dense.forward.0": {"in": [X], "out": [X * 2]},
+            "Cell.model.layers.1.fc.Dense.forward.0": {"in": [X * 2], "out": [X * 4 * scale]}}
+
+
+def test_without_matplotlib_compare_writes_the_rest_and_names_the_extra(tmp_path, capsys):
+    """Installed without the compare extra (and without pandas): the verdict, exit status, CSV and HTML
+    report are the same; instead of the plot one line names what to install."""
+    import subprocess
+    import sys
+
+    write_dump(str(tmp_path / "a"), _layered(1.0))
+    write_dump(str(tmp_path / "b"), _layered(1.5))
+    assert celldump_main(["compare", str(tmp_path / "b"), str(tmp_path / "a"), "-o", str(tmp_path / "with")]) == 1
+    assert "plot:     " in capsys.readouterr().out and (tmp_path / "with" / "compare_depth.png").is_file()
+    hidden = ("import sys; sys.modules['matplotlib'] = sys.modules['pandas'] = None; "
+              "from mf_celldump.cli import main; sys.exit(main(sys.argv[1:]))")
+    worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", hidden, "compare", str(tmp_path / "b"), str(tmp_path / "a"), "-o",
+                           str(tmp_path / "without")], capture_output=True, text=True, timeout=300, cwd=worktree,
+                          env=dict(os.environ, PYTHONPATH=worktree))
+    assert proc.returncode == 1, proc.stderr
+    assert 'no plot: the depth plot needs matplotlib: pip install "mf_celldump[compare]"' in proc.stdout.splitlines()
+    assert "Traceback" not in proc.stderr and "FIRST DIVERGENCE" in proc.stdout
+    assert sorted(os.listdir(tmp_path / "without")) == ["compare_pairs.csv", "report.html"]
+    assert (tmp_path / "without" / "compare_pairs.csv").read_text() == \
+        (tmp_path / "with" / "compare_pairs.csv").read_text()

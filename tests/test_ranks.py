@@ -207,6 +207,26 @@ def test_heat_map_keeps_every_label_inside_the_picture(tmp_path, ranks):
         assert edge[..., :3].min() == 1.0, "something is cut off at the edge"
 
 
+def test_without_matplotlib_ranks_writes_the_table_and_names_the_extra(eight_ranks, tmp_path):
+    """Installed without the compare extra (and without pandas): same verdict and exit status, the table
+    written, and one line instead of the heat maps saying what to install."""
+    import subprocess
+    import sys
+
+    hidden = ("import sys; sys.modules['matplotlib'] = sys.modules['pandas'] = None; "
+              "from mf_celldump.cli import main; sys.exit(main(sys.argv[1:]))")
+    worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", hidden, "ranks", str(eight_ranks), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=worktree,
+                          env=dict(os.environ, PYTHONPATH=worktree))
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == 'no heat maps: drawing a heat map needs matplotlib: pip install "mf_celldump[compare]"'
+    assert lines[1:4] == check(eight_ranks).lines
+    assert os.listdir(tmp_path / "out") == ["ranks_findings.csv"]
+    assert "0,all,clean,,,,,,8" in (tmp_path / "out" / "ranks_findings.csv").read_text().splitlines()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--replicas", "tp=2"], "--replicas: 'tp=2' in 'tp=2' is not understood"),
     (["--replicas", "0,1;1,2"], "rank 1 is in two groups"),

@@ -28,6 +28,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 from tqdm import tqdm
 
+from mf_celldump.analysis.extras import MissingExtra, pyplot
 from mf_celldump.config import IndexSelection
 from mf_celldump.layout.reader import DumpError, find_rank_dumps
 from mf_celldump.ranks.groups import ReplicaGroups
@@ -68,6 +69,7 @@ class CheckResult:
     summaries: int = 0
     table: Optional[str] = None
     heatmaps: List[str] = field(default_factory=list)
+    heatmap_note: str = ""  # why there are none although there was data to draw (no matplotlib)
 
     @property
     def lines(self) -> List[str]:
@@ -205,7 +207,11 @@ def _write(result: CheckResult) -> None:
         suffix = f"_group{group_result.group.replace(',', '-')}" if label else ""
         name = f"ranks_heatmap_step{'-' if group_result.step is None else group_result.step}{suffix}.png"
         line = step_line(group_result, result.missing.get((group_result.step, group_result.group), ()), label)
-        path = write_heatmap(group_result, os.path.join(output, name), line)
+        try:
+            path = write_heatmap(group_result, os.path.join(output, name), line)
+        except MissingExtra as err:  # the table is written; the check's verdict does not depend on a picture
+            result.heatmap_note = f"no heat maps: {err}"
+            return
         if path:
             result.heatmaps.append(path)
 
@@ -273,14 +279,11 @@ def write_table(rows: List[dict], path: str) -> str:
 
 
 def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
-    """The PNG of one step and group; None when there is nothing to draw."""
+    """The PNG of one step and group; None when there is nothing to draw. ``MissingExtra`` without
+    matplotlib."""
     if result.heat is None or not result.layers or not result.ranks:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("drawing a heat map")
     heat, marks, labels = _binned(np.minimum(result.heat, HEAT_CAP), result.marks, result.ranks)
     rows, cols = heat.shape
     # Constrained layout keeps the colour bar's label and the tick labels inside the figure; the

@@ -93,6 +93,8 @@ def to_text(result: CheckResult) -> str:
     if result.table:
         lines.append(f"table: {result.table}")
     lines.extend(f"heat map: {path}" for path in result.heatmaps)
+    if result.heatmap_note:
+        lines.append(result.heatmap_note)
     return "\n".join(lines)
 
 
@@ -113,4 +115,5 @@ def to_json(result: CheckResult, code: int) -> dict:
             "notes": group_result.notes,
         })
     return {"summaries": result.summaries, "replicas": result.request.replicas.describe(), "steps": steps,
-            "lines": result.lines, "table": result.table, "heatmaps": result.heatmaps, "exit_code": code}
+            "lines": result.lines, "table": result.table, "heatmaps": result.heatmaps,
+            "heatmap_note": result.heatmap_note, "exit_code": code}
