@@ -24,6 +24,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 from typing import List, Optional
 
@@ -314,15 +315,19 @@ def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[Base
 
 
 def _compare_hint(dump_path: str) -> str:
-    """How to compare this dump, naming a step folder that exists (or how to make one first)."""
+    """How to compare this dump with the command installed with it, naming a step folder that exists (or how
+    to make one first); msprobe's own command is offered only where it is installed."""
     steps = sorted((folder for folder in glob.glob(os.path.join(dump_path, "step*"))
                     if glob.glob(os.path.join(folder, "rank*", "dump.json"))),
                    key=lambda folder: _step_rank_key(os.path.join(folder, "rank")))
     if not steps:
         return (f"nothing processed yet: `mf-celldump process {dump_path}` makes the step folders; then compare "
-                "two runs with msprobe compare -tp <dump>/step{N} -gp <other run's dump>/step{N} -o compare_out")
+                "two runs with mf-celldump compare <dump>/step{N} <other run's dump>/step{N} -o compare_out")
     step = os.path.basename(steps[0])
-    return f"compare two runs: msprobe compare -tp {dump_path}/{step} -gp <other run's dump>/{step} -o compare_out"
+    hint = f"compare two runs: mf-celldump compare {dump_path}/{step} <other run's dump>/{step} -o compare_out"
+    if shutil.which("msprobe"):
+        hint += f"\n  (or msprobe compare -tp {dump_path}/{step} -gp <other run's dump>/{step} -o compare_out)"
+    return hint
 
 
 def main(argv: Optional[List[str]] = None) -> int:

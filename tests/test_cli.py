@@ -36,3 +36,35 @@ def test_mapping_list_names_the_bundled_files(capsys):
     assert main(["mapping", "list"]) == 0
     out = capsys.readouterr().out
     assert "llama" in out and "mcore_gpt" in out
+
+
+@pytest.mark.parametrize("command, code", [(["mapping", "show", "llama"], 141), (["mapping", "check", "llama"], 141),
+                                           (["mapping", "list"], 141), (["register-path", "--yaml"], 141),
+                                           (["--help"], 0)])  # argparse itself ignores a failed help write
+def test_a_reader_that_stops_early_ends_the_command_quietly(command, code):
+    """`mf-celldump ... | head -3`: no broken-pipe message, exit 141 (128 + SIGPIPE) as for any Unix tool.
+
+    The read end is closed before the child has even imported Python, so its first write meets a
+    closed pipe every time (reading a line first would race with outputs smaller than the pipe).
+    """
+    worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [worktree, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "mf_celldump.cli", *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=worktree)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == code, err
+    assert err == "", err
+
+
+def test_a_reader_that_reads_a_line_then_closes_gets_no_error_message(tmp_path):
+    """The `| head -1` of a long listing: the command stops at the closed pipe, silently."""
+    big = tmp_path / "many.yaml"
+    big.write_text("".join(f"Class{i}:\n  layer{i}: baseline{i}\n" for i in range(6000)))
+    proc = subprocess.Popen([sys.executable, "-m", "mf_celldump.cli", "mapping", "show", str(big)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert first and proc.wait(timeout=120) == 141 and err == "", (first, err)

@@ -318,3 +318,71 @@ def test_anomalies_read_msprobe_parameters(tmp_path, capsys):
     (first,) = result["first"]
     assert code == 1 and first["entry"] == "Cell.block.fc2.Dense.forward.0"
     assert first["slots"][0]["slot"] == "param.weight" and first["note"] == "one of its own weights is bad"
+
+
+def test_pairs_table_keeps_missing_values_empty_integers_whole_and_floats_exact(tmp_path):
+    """compare_pairs.csv without pandas: its columns in the store's order, the rows in execution order, a
+    missing value an empty field, step/rank/pos as integers, every float as repr writes it (read back
+    equal), text with commas or quotes quoted as the csv module does."""
+    import csv
+
+    from mf_celldump.analysis.compare.report import layer_table, write_csv
+    from mf_celldump.analysis.compare.store import PAIR_COLUMNS, Store
+
+    store = Store(str(tmp_path / "pairs.db"))
+    rows = [dict(step=0, rank=0, folder="rank0", pos=pos, kind="activation", direction=direction, entry=f"e{pos}",
+                 cell=cell, layer=layer, slot="output.0", status=status, cosine=cosine, rel_err=rel_err,
+                 reason=reason, score=score)
+            for pos, direction, cell, layer, status, cosine, rel_err, reason, score in [
+                (3, "backward", "model.layers.0.attention", "model.layers.0", "ok", 0.1 + 0.2, 1e-17, None, 1),
+                (1, "forward", "model.layers.1.attention", "model.layers.1", "diverged", 0.5, float("inf"),
+                 'shape [2, 3] vs "[3, 2]"', 2.0),
+                (0, "forward", "model.layers.0.attention", "model.layers.0", "ok", None, 0.0, None, None),
+                (2, "backward", "model.embed", "model.embed", "skipped", None, None, "no baseline", None)]]
+    store.add_pairs(rows)
+    write_csv(store, str(tmp_path / "pairs.csv"))
+    text = (tmp_path / "pairs.csv").read_text()
+    lines = text.split("\n")
+    assert lines[0] == ",".join(PAIR_COLUMNS) and lines[-1] == "" and "\r" not in text
+    table = list(csv.DictReader(lines))
+    assert [(r["direction"], r["pos"]) for r in table] == [("forward", "0"), ("forward", "1"), ("backward", "2"),
+                                                           ("backward", "3")]
+    assert table[0]["cosine"] == "" and table[0]["step"] == "0" and table[0]["rel_err"] == "0.0"
+    assert table[1]["rel_err"] == "inf" and table[1]["reason"] == 'shape [2, 3] vs "[3, 2]"'
+    assert table[3]["cosine"] == repr(0.1 + 0.2) and float(table[3]["rel_err"]) == 1e-17
+    assert table[3]["score"] == "1.0"  # a real column holds floats, whole or not
+    layers = layer_table(store, 0, 0)
+    assert [(r.layer, r.direction, r.depth) for r in layers] == [
+        ("model.layers.0", "forward", 0), ("model.layers.0", "backward", 0), ("model.layers.1", "forward", 1)]
+    assert layers[0].cosine is None and layers[1].cosine == 0.1 + 0.2 and layers[2].diverged == 1
+    store.close()
+
+
+def _layered(scale):
+    """Two decoder layers, so that the depth plot has something to draw."""
+    return {"Cell.model.layers.0.fc.Dense.forward.0": {"in": [X], "out": [X * 2]},
+            "Cell.model.layers.1.fc.Dense.forward.0": {"in": [X * 2], "out": [X * 4 * scale]}}
+
+
+def test_without_matplotlib_compare_writes_the_rest_and_names_the_extra(tmp_path, capsys):
+    """Installed without the compare extra (and without pandas): the verdict, exit status, CSV and HTML
+    report are the same; instead of the plot one line names what to install."""
+    import subprocess
+    import sys
+
+    write_dump(str(tmp_path / "a"), _layered(1.0))
+    write_dump(str(tmp_path / "b"), _layered(1.5))
+    assert celldump_main(["compare", str(tmp_path / "b"), str(tmp_path / "a"), "-o", str(tmp_path / "with")]) == 1
+    assert "plot:     " in capsys.readouterr().out and (tmp_path / "with" / "compare_depth.png").is_file()
+    hidden = ("import sys; sys.modules['matplotlib'] = sys.modules['pandas'] = None; "
+              "from mf_celldump.cli import main; sys.exit(main(sys.argv[1:]))")
+    worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", hidden, "compare", str(tmp_path / "b"), str(tmp_path / "a"), "-o",
+                           str(tmp_path / "without")], capture_output=True, text=True, timeout=300, cwd=worktree,
+                          env=dict(os.environ, PYTHONPATH=worktree))
+    assert proc.returncode == 1, proc.stderr
+    assert 'no plot: the depth plot needs matplotlib: pip install "mf_celldump[compare]"' in proc.stdout.splitlines()
+    assert "Traceback" not in proc.stderr and "FIRST DIVERGENCE" in proc.stdout
+    assert sorted(os.listdir(tmp_path / "without")) == ["compare_pairs.csv", "report.html"]
+    assert (tmp_path / "without" / "compare_pairs.csv").read_text() == \
+        (tmp_path / "with" / "compare_pairs.csv").read_text()

@@ -236,11 +236,21 @@ def test_main_job_prints_progress_and_the_dump_keeps_the_rest_in_a_log(tmp_path)
     assert "Init Config" in log and "step 2 rank 0: processed" in log
     assert sorted(os.listdir(tmp_path)) == ["out"], "nothing (output/, modules/) in the working folder"
     assert (out / "modules").is_dir()
+    # It ends with a command installed with it, on the dump it just wrote (msprobe's only where it is installed).
+    dump = out / "celldump"
+    hint = f"compare two runs: mf-celldump compare {dump}/step0 <other run's dump>/step0 -o compare_out"
+    assert lines[-2:] == [hint, f"  (or msprobe compare -tp {dump}/step0 -gp <other run's dump>/step0 -o "
+                                "compare_out)"], lines
+    command = hint.split(": ", 1)[1].replace("<other run's dump>", str(dump)).split()
+    assert command[:2] == ["mf-celldump", "compare"]
+    compared = run_cli(*command[1:-1], str(tmp_path / "compare_out"), timeout=600)
+    assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]
 
 
-def test_without_processing_the_example_points_at_raw_data_not_at_missing_folders(tmp_path):
+def test_without_processing_the_example_points_at_raw_data_not_at_missing_folders(tmp_path, monkeypatch):
     """`process_on_train_end: false`: the step lines say the step is raw, and the closing hint says how to
-    make the step folders instead of naming ones that do not exist; with processing it names one that does."""
+    make the step folders instead of naming ones that do not exist; with processing it names one that does.
+    The hint's command is mf-celldump's own; msprobe's only where msprobe is on the PATH."""
     from mindspore import Tensor
     from mindspore.train.callback import RunContext, _InternalCallbackParam
 
@@ -261,12 +271,21 @@ def test_without_processing_the_example_points_at_raw_data_not_at_missing_folder
     text = out.getvalue()
     assert "step 0: loss 1.5000" in text and "captured into celldump/_raw/ (raw" in text, text
     assert "step0" not in text.replace("_raw/rank0/step0", ""), text
-    assert f"mf-celldump process {dump}" in text and "-tp <dump>/step{N}" in text, text
+    assert f"mf-celldump process {dump}" in text and "mf-celldump compare <dump>/step{N}" in text, text
     shutil.rmtree(os.path.join(dump, fmt.RAW_ROOT, "rank0", "step0"))
     assert process_dump(dump, jobs=1).ok
+    assert shutil.which("msprobe"), "the test environment installs msprobe"
+    out.seek(0)
     out.truncate(0)
     run_tiny_llama._closing(shown, dump, None, None)
     assert f"msprobe compare -tp {dump}/step1 -gp <other run's dump>/step1" in out.getvalue()
+    last = out.getvalue().splitlines()[-2]
+    assert last == f"compare two runs: mf-celldump compare {dump}/step1 <other run's dump>/step1 -o compare_out"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # msprobe not installed: no hint at it
+    out.seek(0)
+    out.truncate(0)
+    run_tiny_llama._closing(shown, dump, None, None)
+    assert out.getvalue().splitlines()[-1] == last and "msprobe" not in out.getvalue(), out.getvalue()
 
 
 def test_examples_readme_and_main_readme_describe_the_quiet_main_job():

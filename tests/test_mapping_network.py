@@ -346,6 +346,25 @@ def test_cli_as_subprocess(tmp_path, command):
     assert result.returncode == 2 and "not found: nope.yaml" in result.stderr
 
 
+def test_check_against_a_model_keeps_the_libraries_output_out_unless_verbose(tmp_path):
+    """Building the model makes MindSpore and MindFormers log dozens of lines (some from C++): the user sees
+    only mf-celldump's own; `-v` shows theirs after the build."""
+    worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [worktree, os.environ.get("PYTHONPATH")])))
+    run = [sys.executable, "-m", "mf_celldump.cli"]
+    quiet = subprocess.run([*run, "mapping", "check", "auto", "--model", "tiny-llama"], capture_output=True,
+                           text=True, cwd=tmp_path, env=env, timeout=300)
+    assert quiet.returncode == 0 and "0 problems" in quiet.stdout, quiet.stderr[-2000:]
+    assert quiet.stdout.startswith("layer mapping from: bundled/llama.yaml"), quiet.stdout[:2000]
+    assert [line for line in quiet.stderr.splitlines() if not line.startswith("INFO mf_celldump.")] == [], \
+        quiet.stderr[-3000:]
+    verbose = subprocess.run([*run, "-v", "mapping", "check", "auto", "--model", "tiny-llama"],
+                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert verbose.returncode == 0 and verbose.stdout == quiet.stdout
+    assert "mindformers" in verbose.stderr and "model built" in verbose.stderr, verbose.stderr[-3000:]
+    assert not list(tmp_path.iterdir())
+
+
 def _mindformers_has(relative_path: str) -> bool:
     """Whether the installed MindFormers ships a file, without importing it (import writes ./output)."""
     import importlib.util

@@ -167,6 +167,66 @@ def test_command_on_clean_replicas_exits_0(tmp_path):
     assert code == 0 and "step 0: clean (3 replicas)" in out
 
 
+def test_one_card_says_there_is_nothing_to_compare_and_writes_beside_the_dump(tmp_path, monkeypatch):
+    """A single replica is not "clean (1 replicas)": nothing was compared. Without -o the table goes into
+    the dump, not into the folder the command was started from."""
+    write_dump(str(tmp_path / "dump"), 1, [0, 1], entries=60)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code, out, _ = run_cli(str(tmp_path / "dump"))
+    assert code == 0
+    assert "step 0: no NaN/Inf; rank 0 is the only replica: nothing to compare it with" in out.splitlines(), out
+    assert "replicas)" not in out
+    assert f"table: {tmp_path / 'dump' / 'ranks_out' / 'ranks_findings.csv'}" in out.splitlines(), out
+    assert os.listdir(tmp_path / "elsewhere") == []
+    rows = (tmp_path / "dump" / "ranks_out" / "ranks_findings.csv").read_text().splitlines()
+    assert "0,all,clean,,,,,the only replica: nothing to compare it with,1" in rows
+
+
+def test_summary_files_without_output_folder_write_beside_the_first_file(eight_ranks, tmp_path, monkeypatch):
+    (tmp_path / "node").mkdir()
+    summary = str(tmp_path / "node" / "a.jsonl.gz")
+    assert run_cli(str(eight_ranks), "--save-summaries", summary, "--summaries-only")[0] == 0
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(summary, "--json")
+    assert code == 1 and json.loads(out)["table"] == str(tmp_path / "node" / "ranks_out" / "ranks_findings.csv")
+    assert sorted(os.listdir(tmp_path)) == ["node"]
+
+
+@pytest.mark.parametrize("ranks", [2, 64])
+def test_heat_map_keeps_every_label_inside_the_picture(tmp_path, ranks):
+    """Nothing drawn touches the picture's edge: the colour bar's label, the title and the tick labels fit."""
+    import matplotlib.image
+
+    write_dump(str(tmp_path / "dump"), ranks, [0], entries=300, faults=[Fault("scale", 1, 0, W2)])
+    code, out, _ = run_cli(str(tmp_path / "dump"), "--json")
+    [heatmap] = json.loads(out)["heatmaps"]
+    picture = matplotlib.image.imread(heatmap)
+    assert picture.shape[0] > 300 and picture.shape[1] > 500
+    for edge in (picture[:4], picture[-4:], picture[:, :4], picture[:, -4:]):
+        assert edge[..., :3].min() == 1.0, "something is cut off at the edge"
+
+
+def test_without_matplotlib_ranks_writes_the_table_and_names_the_extra(eight_ranks, tmp_path):
+    """Installed without the compare extra (and without pandas): same verdict and exit status, the table
+    written, and one line instead of the heat maps saying what to install."""
+    import subprocess
+    import sys
+
+    hidden = ("import sys; sys.modules['matplotlib'] = sys.modules['pandas'] = None; "
+              "from mf_celldump.cli import main; sys.exit(main(sys.argv[1:]))")
+    worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", hidden, "ranks", str(eight_ranks), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=worktree,
+                          env=dict(os.environ, PYTHONPATH=worktree))
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == 'no heat maps: drawing a heat map needs matplotlib: pip install "mf_celldump[compare]"'
+    assert lines[1:4] == check(eight_ranks).lines
+    assert os.listdir(tmp_path / "out") == ["ranks_findings.csv"]
+    assert "0,all,clean,,,,,,8" in (tmp_path / "out" / "ranks_findings.csv").read_text().splitlines()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--replicas", "tp=2"], "--replicas: 'tp=2' in 'tp=2' is not understood"),
     (["--replicas", "0,1;1,2"], "rank 1 is in two groups"),

@@ -4,6 +4,7 @@
 NaN/Inf or out-of-range value in execution order), ``ranks`` (data-parallel replicas checked
 against each other over dump folders and summary files, with a findings table and heat maps).
 They read the layout through ``mf_celldump.layout`` and use the training core's replica check;
-nothing in the training core imports them. Tables and plots need the ``compare`` extra
-(``pip install "mf_celldump[compare]"``: pandas, matplotlib).
+nothing in the training core imports them. Tables are plain CSV (the standard library); the
+plots need the ``compare`` extra (``pip install "mf_celldump[compare]"``: matplotlib), and
+without it the commands write everything else and say what to install.
 """

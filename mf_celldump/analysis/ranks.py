@@ -15,6 +15,7 @@ bit-identical to the majority, a red circle the first NaN/Inf.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import logging
@@ -27,6 +28,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 from tqdm import tqdm
 
+from mf_celldump.analysis.extras import MissingExtra, pyplot
 from mf_celldump.config import IndexSelection
 from mf_celldump.layout.reader import DumpError, find_rank_dumps
 from mf_celldump.ranks.groups import ReplicaGroups
@@ -38,6 +40,7 @@ logger = logging.getLogger(__name__)
 SUMMARY_SUFFIXES = (".jsonl.gz", ".jsonl")
 MAX_LINE = 64 << 20  # one summary line is kilobytes; far more is not a summary
 MAX_HEATMAPS = 16
+DEFAULT_OUTPUT = "ranks_out"
 
 
 class RankCheckError(ValueError):
@@ -66,6 +69,7 @@ class CheckResult:
     summaries: int = 0
     table: Optional[str] = None
     heatmaps: List[str] = field(default_factory=list)
+    heatmap_note: str = ""  # why there are none although there was data to draw (no matplotlib)
 
     @property
     def lines(self) -> List[str]:
@@ -75,6 +79,28 @@ class CheckResult:
     @property
     def diverged(self) -> bool:
         return any(r.anomaly or r.first_departure or r.varying for r in self.results)
+
+
+def default_output(paths: Tuple[str, ...]) -> str:
+    """Where the table and heat maps go without ``-o``: beside the first input, not the working folder.
+
+    ``<dump>/ranks_out`` for a dump root, ``ranks_out`` beside a summary file; when that folder
+    may not be written (someone else's dump, a read-only mount), ``./ranks_out`` and a warning.
+    """
+    first = paths[0]
+    if not os.path.exists(first):
+        raise RankCheckError(f"{first}: no such file or folder; give dump roots (step*/rank*/dump.json) or "
+                             "rank-summary files ending in .jsonl.gz")
+    parent = os.path.dirname(os.path.abspath(first)) if is_summary_file(first) else first
+    target = os.path.join(parent, DEFAULT_OUTPUT)
+    if os.path.isdir(target) and os.access(target, os.W_OK | os.X_OK):
+        return target
+    if os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK) and not os.path.lexists(target):
+        return target
+    if os.path.isdir(parent):
+        logger.warning("%s cannot be written: the table and heat maps go to ./%s (-o FOLDER to choose)", target,
+                       DEFAULT_OUTPUT)
+    return DEFAULT_OUTPUT
 
 
 def is_summary_file(path: str) -> bool:
@@ -181,8 +207,11 @@ def _write(result: CheckResult) -> None:
         suffix = f"_group{group_result.group.replace(',', '-')}" if label else ""
         name = f"ranks_heatmap_step{'-' if group_result.step is None else group_result.step}{suffix}.png"
         line = step_line(group_result, result.missing.get((group_result.step, group_result.group), ()), label)
-        title = "\n".join(textwrap.wrap(line, 150)[:3])
-        path = write_heatmap(group_result, os.path.join(output, name), title)
+        try:
+            path = write_heatmap(group_result, os.path.join(output, name), line)
+        except MissingExtra as err:  # the table is written; the check's verdict does not depend on a picture
+            result.heatmap_note = f"no heat maps: {err}"
+            return
         if path:
             result.heatmaps.append(path)
 
@@ -232,33 +261,35 @@ def finding_rows(results: List[GroupResult], missing: Dict, labels: Dict[str, st
         for rank in missing.get((result.step, result.group), ()):
             rows.append(dict(base, finding="missing", rank=rank, detail="no data for this step"))
         if result.clean and not missing.get((result.step, result.group)):
-            rows.append(dict(base, finding="clean", count=len(result.ranks)))
+            alone = {"detail": "the only replica: nothing to compare it with"} if len(result.ranks) == 1 else {}
+            rows.append(dict(base, finding="clean", count=len(result.ranks), **alone))
     return rows
 
 
 def write_table(rows: List[dict], path: str) -> str:
-    import pandas as pd
-
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    for column in ("step", "rank", "count"):  # integers with gaps, not floats
-        frame[column] = frame[column].astype("Int64")
-    frame.to_csv(path, index=False)
+    """The findings as CSV, one column per ``COLUMNS``; a finding without a value there has an empty field."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with os.fdopen(fd, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for row in rows:
+            writer.writerow(["" if row.get(column) is None else row[column] for column in COLUMNS])
     os.chmod(path, 0o640)
     return path
 
 
 def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
-    """The PNG of one step and group; None when there is nothing to draw."""
+    """The PNG of one step and group; None when there is nothing to draw. ``MissingExtra`` without
+    matplotlib."""
     if result.heat is None or not result.layers or not result.ranks:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("drawing a heat map")
     heat, marks, labels = _binned(np.minimum(result.heat, HEAT_CAP), result.marks, result.ranks)
     rows, cols = heat.shape
-    fig, axis = plt.subplots(figsize=(min(18.0, 3.0 + 0.45 * cols), min(14.0, 2.5 + 0.3 * rows)))
+    # Constrained layout keeps the colour bar's label and the tick labels inside the figure; the
+    # height leaves room for that label even with two ranks.
+    width, height = max(6.0, min(18.0, 3.0 + 0.45 * cols)), max(4.0, min(14.0, 2.5 + 0.3 * rows))
+    fig, axis = plt.subplots(figsize=(width, height), layout="constrained")
     image = axis.imshow(heat, aspect="auto", cmap="magma_r", vmin=0.0, vmax=HEAT_CAP, interpolation="nearest")
     for mark, style in ((MARK_DEPARTURE, dict(marker="x", color="tab:blue", label="weight not bit-identical")),
                         (MARK_ANOMALY, dict(marker="o", facecolors="none", edgecolors="red", label="first NaN/Inf"))):
@@ -267,12 +298,12 @@ def write_heatmap(result: GroupResult, path: str, title: str) -> Optional[str]:
             axis.scatter(xs, ys, s=40, **style)
     _ticks(axis.set_xticks, axis.set_xticklabels, result.layers, rotation=60)
     _ticks(axis.set_yticks, axis.set_yticklabels, labels, rotation=0)
-    axis.set_title(title, fontsize=9)
+    axis.set_title("\n".join(textwrap.wrap(title, int(width * 12))[:3]), fontsize=9)  # ~12 characters an inch
     if axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize=7, loc="upper right")
-    fig.colorbar(image, ax=axis, label="|log10| off the other replicas (capped at 3)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    bar = fig.colorbar(image, ax=axis, fraction=0.04, pad=0.02)
+    bar.set_label(f"|log10| off the other replicas (capped at {HEAT_CAP:g})", fontsize=8)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     os.chmod(path, 0o640)
     return path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -37,9 +38,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run one sub-command; whatever happens, the user gets a message and an exit status, not a traceback.
 
     Sub-commands report bad input themselves (``conventions.ExitCode``). What still escapes
-    is a file system failure (a message naming the path) or a bug in mf_celldump (exit 3;
-    ``-v`` shows the traceback to report).
+    is a reader of the output that went away (quiet, exit 141), a file system failure (a
+    message naming the path) or a bug in mf_celldump (exit 3; ``-v`` shows the traceback to
+    report).
     """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit (``--help`` too): a reader gone by now is handled below
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: Optional[List[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -48,6 +60,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        raise
     except KeyboardInterrupt:
         print("interrupted; re-running the same command finishes the work safely", file=sys.stderr)
         return ExitCode.INTERRUPTED
@@ -60,6 +74,19 @@ def main(argv: Optional[List[str]] = None) -> int:
               "traceback and report it", file=sys.stderr)
         return ExitCode.INTERNAL
 
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``| head -3``): stop quietly, as a Unix tool stopped by SIGPIPE does.
+
+    What is still buffered, and anything written at exit, goes to the null device instead of
+    failing again with a message about a pipe the user closed on purpose.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return ExitCode.READER_GONE
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,9 @@
 Exit codes, the same for every sub-command: 0 fine; 1 the command ran and found
 something (problems while processing, a divergence, an anomaly, a mapping that does not
 match); 2 bad input (the command could not do what was asked); 3 a bug in mf_celldump;
-130 interrupted.
+130 interrupted; 141 the reader of the output went away before all of it was written
+(``| head``; 128 + SIGPIPE, as for a Unix tool it stops), except where the sub-command
+prints through ``emit``, which keeps the status of what it found.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2
     INTERNAL = 3
     INTERRUPTED = 130
+    READER_GONE = 141  # 128 + SIGPIPE: stdout's reader closed it (| head)
 
 
 def add_selection_arguments(parser: argparse.ArgumentParser, verb: str) -> None:

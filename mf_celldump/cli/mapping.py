@@ -7,10 +7,12 @@ Exit codes: 0 fine, 1 a checked file is invalid or has entries matching no cell,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+import tempfile
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from mf_celldump.cli.conventions import ExitCode, bad_input
 from mf_celldump.mapping.baseline_names import resolve_cells
@@ -123,10 +125,39 @@ def _our_cells(args: argparse.Namespace) -> List[Tuple[str, str]]:
     if args.target:
         return cells_with_classes(args.target)
     try:
-        network = build_model(args.model)
+        with library_output(shown=getattr(args, "verbose", False)):
+            network = build_model(args.model)
     except ModelSpecError as err:
         raise ModelSpecError(f"--model {args.model}: {err}") from None
     return named_classes(network.cells_and_names())
+
+
+@contextlib.contextmanager
+def library_output(shown: bool) -> Iterator[None]:
+    """Keep what MindSpore and MindFormers print while a model is built (dozens of log lines, some from
+    C++ straight to the file descriptors) out of the report; ``-v`` shows it afterwards on stderr.
+
+    File descriptors 1 and 2 point at a temporary file meanwhile, which catches Python's and the
+    C++ runtime's output alike.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as captured:
+        try:
+            os.dup2(captured.fileno(), 1)
+            os.dup2(captured.fileno(), 2)
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, original in zip((1, 2), saved):
+                os.dup2(original, fd)
+                os.close(original)
+            if shown:
+                captured.seek(0)
+                sys.stderr.write(captured.read().decode("utf-8", "replace"))
+                sys.stderr.flush()
 
 
 def _check_syntax(specs: Sequence[str], out) -> int:

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from mf_celldump.analysis.ranks import CheckRequest, CheckResult, RankCheckError, run
+from mf_celldump.analysis.ranks import DEFAULT_OUTPUT, CheckRequest, CheckResult, RankCheckError, default_output, run
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
 from mf_celldump.config import ConfigError
 from mf_celldump.ranks.groups import SYNTAX, ReplicaGroups, ReplicaSpecError
@@ -41,7 +41,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--sigmas", type=float, default=CheckOptions.sigmas,
                         help="... and by this many of their standard deviations, with 3 or more replicas "
                              f"(default {CheckOptions.sigmas:g})")
-    parser.add_argument("-o", "--output", default="ranks_out", help="folder for the table and heat maps")
+    parser.add_argument("-o", "--output", default=None, metavar="FOLDER",
+                        help=f"folder for the table and heat maps (default: {DEFAULT_OUTPUT}/ in the first dump "
+                             "root, or beside the first summary file)")
     parser.add_argument("--save-summaries", metavar="FILE",
                         help="also write every rank's summary to FILE (.jsonl.gz): run per node, check together")
     parser.add_argument("--summaries-only", action="store_true", help="only write --save-summaries, no check")
@@ -78,7 +80,8 @@ def _request(args: argparse.Namespace) -> CheckRequest:
         raise ValueError(f"--sigmas {args.sigmas:g}: must be greater than 0")
     options = CheckOptions(factor=args.factor, sigmas=args.sigmas, grads=args.grads)
     return CheckRequest(tuple(args.paths), steps, ranks, ReplicaGroups.parse(args.replicas, "--replicas"), options,
-                        output=None if args.summaries_only else args.output, save_summaries=args.save_summaries,
+                        output=None if args.summaries_only else args.output or default_output(tuple(args.paths)),
+                        save_summaries=args.save_summaries,
                         check=not args.summaries_only)
 
 
@@ -90,6 +93,8 @@ def to_text(result: CheckResult) -> str:
     if result.table:
         lines.append(f"table: {result.table}")
     lines.extend(f"heat map: {path}" for path in result.heatmaps)
+    if result.heatmap_note:
+        lines.append(result.heatmap_note)
     return "\n".join(lines)
 
 
@@ -110,4 +115,5 @@ def to_json(result: CheckResult, code: int) -> dict:
             "notes": group_result.notes,
         })
     return {"summaries": result.summaries, "replicas": result.request.replicas.describe(), "steps": steps,
-            "lines": result.lines, "table": result.table, "heatmaps": result.heatmaps, "exit_code": code}
+            "lines": result.lines, "table": result.table, "heatmaps": result.heatmaps,
+            "heatmap_note": result.heatmap_note, "exit_code": code}

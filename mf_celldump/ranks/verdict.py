@@ -4,6 +4,7 @@
     param.weight (3 of 4 replicas agree); suspect: rank 2 at layers.1 forward.0 output.0
     (Norm x1e+03 the other replicas'); rank 3 missing
     step 0: clean (4 replicas)
+    step 0: no NaN/Inf; rank 0 is the only replica: nothing to compare it with
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ def findings(result: GroupResult) -> List[str]:
 
 
 def step_line(result: GroupResult, missing: Iterable[int] = (), group_label: Optional[str] = None) -> str:
-    """One line: ``step N[, GROUP]: clean (K replicas)`` or the findings, then the ranks without data."""
+    """One line: ``step N[, GROUP]: clean (K replicas)`` or the findings, then the ranks without data.
+
+    A single replica has no other to agree with: its line says only that it holds no NaN/Inf.
+    """
     where = f"step {'-' if result.step is None else result.step}"
     if group_label:
         where += f", {group_label}"
@@ -61,5 +65,7 @@ def step_line(result: GroupResult, missing: Iterable[int] = (), group_label: Opt
     if missing:
         parts.append(f"{ranks_text(missing)} missing (no data for this step)")
     if not parts:
+        if len(result.ranks) == 1:
+            return f"{where}: no NaN/Inf; {ranks_text(result.ranks)} is the only replica: nothing to compare it with"
         return f"{where}: clean ({len(result.ranks)} replicas)"
     return f"{where}: " + "; ".join(parts)

@@ -8,6 +8,7 @@ from typing import Mapping, Optional, Tuple
 from mf_celldump.analysis.compare.report import Divergence, layer_table
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.thresholds import Thresholds, thresholds_for
+from mf_celldump.analysis.extras import MissingExtra, pyplot
 from mf_celldump.layout.naming import DIRECTIONS
 
 FLOOR = 1e-12  # plotted instead of 0 on the log axis
@@ -34,21 +35,20 @@ def dominant_limits(store: Store, step, rank, table) -> Tuple[str, Thresholds]:
 def write_plot(
     store: Store, path: str, step, rank, first: Optional[Divergence], title: str, table: Mapping[str, Thresholds]
 ) -> str:
-    """Write the PNG; returns "" when written, else why there is nothing to plot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Write the PNG; returns "" when written, else why there is nothing to plot (or no matplotlib)."""
     layers = layer_table(store, step, rank)
-    if layers.empty:
+    if not layers:
         return NO_PLOT
+    try:
+        plt = pyplot("the depth plot")
+    except MissingExtra as err:
+        return f"no plot: {err}"
     dtype, limits = dominant_limits(store, step, rank, table)
     lines = {"1 - cosine": 1.0 - limits.cosine, "rel_err": limits.rel_err, "stat_rel": limits.stat_rel}
-    labels = list(dict.fromkeys(layers.sort_values("depth").layer))
+    labels = list(dict.fromkeys(row.layer for row in layers))  # in depth order
     fig, axes = plt.subplots(2, 1, figsize=(min(16.0, max(6.0, 0.45 * len(labels) + 2)), 6.5), sharex=True)
     for axis, direction in zip(axes, DIRECTIONS):
-        part = layers[layers.direction == direction]
+        part = [row for row in layers if row.direction == direction]
         _series(
             axis,
             part,
@@ -92,7 +92,7 @@ def write_plot(
 
 
 def _series(axis, part, label, value, color, marker) -> None:
-    points = [(int(r.depth), value(r)) for r in part.itertuples() if _finite(value(r))]
+    points = [(r.depth, value(r)) for r in part if _finite(value(r))]
     if points:
         xs, ys = zip(*points)
         axis.plot(xs, [max(y, FLOOR) for y in ys], marker=marker, color=color, label=label, linewidth=1)

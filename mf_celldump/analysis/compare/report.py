@@ -12,6 +12,7 @@ an optimizer step) from a computation that differs.
 
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -272,38 +273,53 @@ def crc_summary(store: Store) -> Dict[str, Any]:
 
 
 def write_csv(store: Store, path: str) -> None:
-    """Every pair row, in execution order, written by pandas in chunks."""
-    import pandas as pd
+    """Every pair row, in execution order, streamed from the store (memory stays at one row).
 
-    query = f"select * from pairs order by {UNIT_ORDER}, {DIRECTION_ORDER}, pos"
-    first = True
-    for chunk in pd.read_sql_query(query, store.db, chunksize=5000):
-        chunk.to_csv(path, mode="w" if first else "a", header=first, index=False)
-        first = False
-    if first:
-        pd.DataFrame(
-            columns=[d[0] for d in store.db.execute("select * from pairs limit 0").description]
-        ).to_csv(path, index=False)
+    A missing value is an empty field, an integer column holds integers and a float is written
+    at full precision (its repr), so a script reading the table gets back the numbers compared.
+    """
+    cursor = store.db.execute(f"select * from pairs order by {UNIT_ORDER}, {DIRECTION_ORDER}, pos")
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow([column[0] for column in cursor.description])
+        for row in cursor:
+            writer.writerow(["" if value is None else value for value in row])
 
 
-def layer_table(store: Store, step: Optional[int], rank: int):
+@dataclass
+class LayerRow:
+    """One depth group (``model.layers.N``, the embedding, the head) in one direction: its worst metrics.
+
+    ``depth`` is the group's place along the forward pass (groups only seen backward come after).
+    """
+
+    layer: str
+    direction: str
+    pos: int
+    cosine: Optional[float]
+    rel_err: Optional[float]
+    stat_rel: Optional[float]
+    diverged: int
+    depth: int = 0
+
+
+def layer_table(store: Store, step: Optional[int], rank: int) -> List[LayerRow]:
     """Per depth group and direction: worst cosine, rel_err, stat_rel; ordered along the forward pass."""
-    import pandas as pd
-
-    frame = pd.read_sql_query(
+    rows = [LayerRow(*values) for values in store.query(
         "select layer, direction, min(pos) as pos, min(cosine) as cosine, max(rel_err) as rel_err, "
         "max(stat_rel) as stat_rel, sum(status = 'diverged') as diverged from pairs "
         "where layer is not null and status != 'skipped' and kind = ? and step is ? and rank = ? "
         "group by layer, direction",
-        store.db,
-        params=(ACTIVATION, step, rank),
-    )
-    forward = frame[frame.direction == FORWARD].sort_values("pos")
-    order = {layer: i for i, layer in enumerate(forward.layer)}
-    for layer in frame.sort_values("pos").layer:
-        order.setdefault(layer, len(order))
-    frame["depth"] = frame.layer.map(order)
-    return frame.sort_values("depth")
+        (ACTIVATION, step, rank),
+    )]
+    order: Dict[str, int] = {}
+    for row in sorted((r for r in rows if r.direction == FORWARD), key=lambda r: r.pos):
+        order.setdefault(row.layer, len(order))
+    for row in sorted(rows, key=lambda r: r.pos):
+        order.setdefault(row.layer, len(order))
+    for row in rows:
+        row.depth = order[row.layer]
+    return sorted(rows, key=lambda r: (r.depth, r.pos))
 
 
 def json_number(value: Any) -> Any:

@@ -66,14 +66,14 @@ def report_data(store: Store, result: CompareResult) -> Dict[str, Any]:
 
 def _layers(store: Store, step, rank) -> Dict[str, List[Dict[str, Any]]]:
     table = layer_table(store, step, rank)
-    labels = list(dict.fromkeys(table.sort_values("depth").layer))
+    labels = list(dict.fromkeys(row.layer for row in table))  # in depth order
     out: Dict[str, Any] = {"labels": labels}
     for direction in DIRECTIONS:
-        part = table[table.direction == direction]
+        part = [row for row in table if row.direction == direction]
         out[direction] = [
-            {"layer": r.layer, "x": int(r.depth), "cosine": _float(r.cosine), "rel_err": _float(r.rel_err),
+            {"layer": r.layer, "x": r.depth, "cosine": _float(r.cosine), "rel_err": _float(r.rel_err),
              "stat_rel": _float(r.stat_rel), "diverged": int(r.diverged or 0)}
-            for r in part.itertuples()
+            for r in part
         ]
     return out
 

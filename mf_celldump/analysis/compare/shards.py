@@ -21,12 +21,13 @@ that cell, else on its class's ``""`` entry, else ``DEFAULT_SHARDS`` for the cla
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -226,8 +227,6 @@ def run(request: CompareRequest, sizes: ShardSizes) -> Tuple[CompareResult, Shar
 def _check_shapes(result: CompareResult, report: ShardReport) -> None:
     """A merged cell that does not have the other side's shape: its rule does not fit it. Cells without a
     rule whose ranks hold different tensors count too (they were taken as replicated)."""
-    import pandas as pd
-
     rules = {}
     for side in (report.target, report.baseline):
         for item in side.notes.disagreements:
@@ -237,17 +236,23 @@ def _check_shapes(result: CompareResult, report: ShardReport) -> None:
         rules.update({(side.name, cell): rule for cell, rule in side.notes.rules.items()})
     if not rules or not os.path.isfile(result.csv_path):
         return
-    table = pd.read_csv(result.csv_path, usecols=["entry", "cell", "slot", "baseline_entry", "status", "reason"])
-    shapes = table[(table.status == "skipped") & table.reason.fillna("").str.startswith("shape ")]
-    for row in shapes.itertuples():
-        base = parse_entry_name(str(row.baseline_entry)) or parse_parameters_grad_name(str(row.baseline_entry))
-        for side, cell in (("target", row.cell), ("baseline", base.cell if base else None)):
+    for row in _shape_mismatches(result.csv_path):
+        base = parse_entry_name(row["baseline_entry"]) or parse_parameters_grad_name(row["baseline_entry"])
+        for side, cell in (("target", row["cell"]), ("baseline", base.cell if base else None)):
             if (side, cell) in rules:
                 raise CompareInputError(
-                    f"{side} cell {cell} (shard={rules[(side, cell)]}): merged, {row.entry} {row.slot} does not "
-                    f"have the other side's shape ({row.reason}): the cell is not split the way its rule says; "
-                    "give its rule in a mapping file (--mapping FILE with shard=column|row|vocab|split|none on its "
-                    "entry or on its class's \"\" entry)")
+                    f"{side} cell {cell} (shard={rules[(side, cell)]}): merged, {row['entry']} {row['slot']} does "
+                    f"not have the other side's shape ({row['reason']}): the cell is not split the way its rule "
+                    "says; give its rule in a mapping file (--mapping FILE with shard=column|row|vocab|split|none "
+                    "on its entry or on its class's \"\" entry)")
+
+
+def _shape_mismatches(csv_path: str) -> Iterator[Dict[str, str]]:
+    """The pairs of the written table skipped because the two sides' shapes differ, read one row at a time."""
+    with open(csv_path, newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            if row["status"] == "skipped" and row["reason"].startswith("shape "):
+                yield row
 
 
 class Attribution:

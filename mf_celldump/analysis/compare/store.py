@@ -2,7 +2,7 @@
 
 Entries of both sides are written as they stream in (baseline looked up by name, target
 read back in order), and every compared pair becomes a row of ``pairs``, which the
-report reads back with SQL (first divergence, per-layer aggregates) and pandas (CSV).
+report reads back with SQL (first divergence, per-layer aggregates, the CSV streamed row by row).
 """
 
 from __future__ import annotations
