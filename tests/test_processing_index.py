@@ -205,3 +205,30 @@ def test_the_rank_summary_made_of_the_entries_is_the_one_read_from_dump_json(cap
         assert made.entries == outcome.entries > 0 and made.to_json() == read.to_json()
     assert [s.to_json() for s in step_summaries(dump, report, observer.summaries)] == \
         [observer.summaries[(o.rank, o.step)].to_json() for o in report.outcomes]
+
+
+def test_the_rank_summary_of_a_tensor_step_is_made_of_the_entries_after_its_files_are_read(tmp_path):
+    """In memory the bodies are made once the tensor files are read: the summary sees their statistics, a NaN
+    included, as dump.json holds them."""
+    dump = str(tmp_path / "D")
+    builder = RawDumpBuilder(dump, task="tensor")
+    net = llama_net(builder, 2)
+    builder.write_manifest()
+    writer = builder.step(0)
+    rng = np.random.default_rng(1)
+
+    def make_array(*_):
+        array = rng.standard_normal((4, 8)).astype(np.float32)
+        array[0, 0] = np.nan if rng.random() < 0.1 else array[0, 0]
+        return array
+
+    write_llama_step(net, writer, make_array, calls=2)
+    writer.done(0)
+    observer = SummarizingObserver()
+    report = mf_celldump.process_dump(dump, jobs=1, observer=observer)
+    [outcome] = report.outcomes
+    assert outcome.tensor_files > 0 and not report.all_problems
+    made = observer.summaries[(0, 0)]
+    read = summarize(os.path.join(dump, outcome.output, "dump.json"), 0, 0)
+    assert made.entries == outcome.entries and made.to_json() == read.to_json()
+    assert any(item.log_norm is not None for item in made.items) and made.anomaly is not None
