@@ -1,7 +1,9 @@
-"""A records file too large to hold is processed one cell at a time through an on-disk index.
+"""Processing takes one path over either entry store: in memory, or on disk for a records file too large to hold.
 
-Every test processes the same raw data twice, held in memory and through the index (its
-size threshold lowered to 0), and expects the same output byte for byte.
+Every test processes the same raw data twice, with the entries held in memory
+(``entry_build.HeldStore``) and in the on-disk index (``capture_index.CaptureIndex``, its
+size threshold lowered to 0), and expects the same output byte for byte, the same
+problems and the same counts.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mf_celldump
-from mf_celldump.processing import capture_index, indexed_step
+from mf_celldump.processing import capture_index
+from mf_celldump.processing.worker import SummarizingObserver, step_summaries
+from mf_celldump.ranks.summary import summarize
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import edit_manifest
 from tests.support.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step
@@ -30,8 +34,8 @@ def _process_both_ways(raw: str, tmp_path, monkeypatch, caplog):
     shutil.copytree(raw, indexed, symlinks=True)
     held_report = mf_celldump.process_dump(held, jobs=1)
     assert "on-disk index" not in caplog.text
-    monkeypatch.setattr(indexed_step, "INDEX_RECORDS_BYTES", 0)
-    with caplog.at_level("INFO", logger="mf_celldump.processing.indexed_step"):
+    monkeypatch.setattr(capture_index, "INDEX_RECORDS_BYTES", 0)
+    with caplog.at_level("INFO", logger="mf_celldump.processing.capture_index"):
         indexed_report = mf_celldump.process_dump(indexed, jobs=1)
     assert "on-disk index" in caplog.text
     return (held_report, held), (indexed_report, indexed)
@@ -122,7 +126,7 @@ def test_an_index_a_killed_run_left_is_deleted_by_the_next_run(tmp_path):
     _synthetic_step(raw, calls=1, problems=False)
     processed = os.path.join(raw, fmt.RAW_ROOT, fmt.raw_rank_dir_name(0), "_processed")
     os.makedirs(processed)
-    index = indexed_step.CaptureIndex(processed, os.path.join(raw, "records.jsonl"))
+    index = capture_index.CaptureIndex(processed, os.path.join(raw, "records.jsonl"))
     left = index.path
     assert os.path.basename(left).startswith(".tmp-")  # the name a killed run leaves
     report = mf_celldump.process_dump(raw, jobs=1)
@@ -134,7 +138,7 @@ def test_an_index_that_does_not_fit_stops_the_step_with_what_it_needs_and_keeps_
                                                                                             monkeypatch):
     raw = str(tmp_path / "raw")
     _synthetic_step(raw, calls=3, problems=False)
-    monkeypatch.setattr(indexed_step, "INDEX_RECORDS_BYTES", 0)
+    monkeypatch.setattr(capture_index, "INDEX_RECORDS_BYTES", 0)
     monkeypatch.setattr(capture_index, "MAX_INDEX_BYTES", 64 << 10)  # SQLite reports it full, as a full disk
     report = mf_celldump.process_dump(raw, jobs=1)
     [outcome] = report.outcomes
@@ -174,12 +178,57 @@ def test_any_step_gives_the_same_output_held_or_indexed(tmp_path_factory, layers
         handle.writelines(line for number, line in enumerate(lines) if number not in gone)
     writer.done(0)
     outputs = []
-    for limit in (indexed_step.INDEX_RECORDS_BYTES, 0):
+    for limit in (capture_index.INDEX_RECORDS_BYTES, 0):
         dump = str(tmp_path_factory.mktemp("copy") / "D")
         shutil.copytree(raw, dump)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(indexed_step, "INDEX_RECORDS_BYTES", limit)
+            patch.setattr(capture_index, "INDEX_RECORDS_BYTES", limit)
             report = mf_celldump.process_dump(dump, jobs=1, remove_raw=False)
         outputs.append((_outputs(dump), sorted(p.replace(dump, "D") for p in report.all_problems),
                         sorted(w.replace(dump, "D") for w in _warnings(report))))
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("limit", [capture_index.INDEX_RECORDS_BYTES, 0], ids=["held", "indexed"])
+def test_the_rank_summary_made_of_the_entries_is_the_one_read_from_dump_json(captured_statistics, tmp_path,
+                                                                           monkeypatch, limit):
+    """The worker's summary comes from the entries as they are written (either store), not from the file."""
+    dump = str(tmp_path / "D")
+    shutil.copytree(captured_statistics, dump, symlinks=True)
+    monkeypatch.setattr(capture_index, "INDEX_RECORDS_BYTES", limit)
+    observer = SummarizingObserver()
+    report = mf_celldump.process_dump(dump, jobs=1, observer=observer)
+    assert not report.all_problems and sorted(observer.summaries) == [(0, 0), (0, 1)]
+    for outcome in report.outcomes:
+        made = observer.summaries[(outcome.rank, outcome.step)]
+        read = summarize(os.path.join(dump, outcome.output, "dump.json"), outcome.step, outcome.rank)
+        assert made.entries == outcome.entries > 0 and made.to_json() == read.to_json()
+    assert [s.to_json() for s in step_summaries(dump, report, observer.summaries)] == \
+        [observer.summaries[(o.rank, o.step)].to_json() for o in report.outcomes]
+
+
+def test_the_rank_summary_of_a_tensor_step_is_made_of_the_entries_after_its_files_are_read(tmp_path):
+    """In memory the bodies are made once the tensor files are read: the summary sees their statistics, a NaN
+    included, as dump.json holds them."""
+    dump = str(tmp_path / "D")
+    builder = RawDumpBuilder(dump, task="tensor")
+    net = llama_net(builder, 2)
+    builder.write_manifest()
+    writer = builder.step(0)
+    rng = np.random.default_rng(1)
+
+    def make_array(*_):
+        array = rng.standard_normal((4, 8)).astype(np.float32)
+        array[0, 0] = np.nan if rng.random() < 0.1 else array[0, 0]
+        return array
+
+    write_llama_step(net, writer, make_array, calls=2)
+    writer.done(0)
+    observer = SummarizingObserver()
+    report = mf_celldump.process_dump(dump, jobs=1, observer=observer)
+    [outcome] = report.outcomes
+    assert outcome.tensor_files > 0 and not report.all_problems
+    made = observer.summaries[(0, 0)]
+    read = summarize(os.path.join(dump, outcome.output, "dump.json"), 0, 0)
+    assert made.entries == outcome.entries and made.to_json() == read.to_json()
+    assert any(item.log_norm is not None for item in made.items) and made.anomaly is not None

@@ -71,15 +71,17 @@ def run_inline(dump_path: str, rank: int, jobs: Optional[int], steps: Sequence[i
     becomes a problem of ``result``."""
     from mf_celldump.processing.async_steps import wait_for_steps
     from mf_celldump.processing.driver import process_dump
-    from mf_celldump.processing.worker import step_summaries
+    from mf_celldump.processing.worker import SummarizingObserver, step_summaries
 
     try:
         if wait_s > 0:
             result.problems.extend(wait_for_steps(dump_path, rank, steps, timeout=wait_s).problems(rank))
-        report = process_dump(dump_path, steps=list(steps), ranks=[rank], jobs=jobs, only_complete=True)
+        observer = SummarizingObserver(summarize=on_summary is not None)
+        report = process_dump(dump_path, steps=list(steps), ranks=[rank], jobs=jobs, only_complete=True,
+                              observer=observer)
         result.reports.append(report)
         if on_summary is not None:
-            for summary in step_summaries(dump_path, report):
+            for summary in step_summaries(dump_path, report, observer.summaries):
                 on_summary(summary.to_json())
     except Exception as err:  # processing problems must not stop training
         logger.exception("mf_celldump: processing steps %s failed: %s", list(steps), err)

@@ -209,8 +209,9 @@ def ancestor_names(name: str):
         yield ".".join(parts[:i])
 
 
-def link_parents(entries: List[Entry]) -> None:
-    """Set each entry's parent: the nearest captured ancestor cell's call in the same direction.
+def link_parents(entries: List[Entry], of: Optional[List[Entry]] = None) -> None:
+    """Set the parent of each entry of ``of`` (default: of ``entries``): the nearest captured ancestor
+    cell's call in the same direction, among ``entries`` (execution order; ``of`` among them).
 
     Walking up the dotted name skips names that are not captured cells, which covers a
     CellList/SequentialCell member (``model.layers.3`` -> ``model``). Forward, the ancestor's
@@ -228,7 +229,7 @@ def link_parents(entries: List[Entry]) -> None:
     forward_parent = {(e.cell.cell_id, e.call): by_order(e) for e in entries if e.direction == naming.FORWARD}
     backward_names = {(e.cell.name, e.call): e.name for e in entries if e.direction == naming.BACKWARD}
     forward_entries = {e.name: e for e in entries if e.direction == naming.FORWARD}
-    for entry in entries:
+    for entry in entries if of is None else of:
         if entry.is_parameters_grad:
             continue
         if entry.direction == naming.FORWARD:

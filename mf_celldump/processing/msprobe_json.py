@@ -8,7 +8,7 @@ with it) read them back.
 from __future__ import annotations
 
 import json
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump.dtypes import mindspore_dtype_name
 from mf_celldump.layout import naming
@@ -184,15 +184,15 @@ def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
     return body
 
 
-def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, dict]],
-                    run_id: str = "") -> Iterable[str]:
-    """dump.json as text chunks, one entry per line; ``run_id`` names the run in the head (before ``data``)."""
-    return dump_json_encoded(task, data_dir, ((name, json.dumps(body)) for name, body in bodies), run_id)
+def encoded(body: dict) -> str:
+    """An entry's body as dump.json holds it (the C encoder: fast for 100k entries; NaN as Python's json reads it)."""
+    return json.dumps(body)
 
 
 def dump_json_encoded(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, str]],
                       run_id: str = "") -> Iterable[str]:
-    """``dump_json_lines`` for bodies already encoded with ``json.dumps`` (read back from an index)."""
+    """dump.json as text chunks, one entry per line, from (name, ``encoded`` body); ``run_id`` names the run
+    in the head (before ``data``)."""
     head = {"task": task, "level": "L0", "framework": "mindspore", "dump_data_dir": data_dir}
     if run_id:
         head[naming.RUN_ID_KEY] = run_id
@@ -208,7 +208,9 @@ def dump_json_encoded(task: str, data_dir: Optional[str], bodies: Iterable[Tuple
 
 
 def entry_json(entry: Entry, data_dir: Optional[str], failed: Dict[int, int], parameters: bool = False) -> dict:
-    """The ``dump.json`` body of one entry (see ``output_texts`` for the arguments)."""
+    """The ``dump.json`` body of one entry. ``data_dir``: as in ``output_texts``; captures in ``failed`` (by
+    id) get no ``data_name``; ``parameters``: a forward entry gets msprobe's ``parameters`` field (``{}`` for
+    a cell without weights)."""
     leaves = {}
     for capture in entry.captures:
         if capture.data_name is None:
@@ -223,31 +225,21 @@ def entry_json(entry: Entry, data_dir: Optional[str], failed: Dict[int, int], pa
     return body
 
 
-def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
-                 failed: Dict[int, int], parameters: bool = False,
-                 run_id: str = "") -> Iterator[Tuple[str, Iterable[str]]]:
-    """(file name, text chunks) of the three files; lazy, so generating them again (to measure) is cheap.
+Node = Tuple[str, CellRecord, Optional[str]]  # an entry of construct.json and stack.json: name, cell, parent
 
-    ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; captures
-    in ``failed`` (by id) get no ``data_name``. ``parameters``: every forward entry gets
-    msprobe's ``parameters`` field (``{}`` for a cell without weights). ``run_id``: the
-    capture's run, recorded in dump.json's head.
+
+def output_texts(task: str, data_dir: Optional[str], run_id: str, bodies: Iterable[Tuple[str, str]],
+                 nodes: Callable[[], Iterable[Node]]) -> Iterator[Tuple[str, Iterable[str]]]:
+    """(file name, text chunks) of the three files, lazy: the caller streams one after the other.
+
+    ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; ``run_id``:
+    the capture's run, recorded in dump.json's head. ``bodies``: (name, ``encoded`` body) of
+    every entry in execution order; ``nodes``: a callable giving (name, cell, parent) of those
+    that are nodes (not ``parameters_grad``: msprobe places them by name), twice.
     """
-    bodies = ((entry.name, entry_json(entry, data_dir, failed, parameters)) for entry in entries)
-    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies, run_id)
-    nodes = [entry for entry in entries if not entry.is_parameters_grad]
-    yield naming.CONSTRUCT_JSON, one_per_line((e.name, e.parent) for e in nodes)
-    yield naming.STACK_JSON, one_per_line((e.name, stack_lines(e.cell)) for e in nodes)
-
-
-def construct_json(entries: List[Entry]) -> str:
-    """Entry -> parent; ``parameters_grad`` entries are not nodes here (msprobe places them by name)."""
-    return "".join(one_per_line((e.name, e.parent) for e in entries if not e.is_parameters_grad))
-
-
-def stack_json(entries: List[Entry]) -> str:
-    """Where each cell's class is defined; msprobe only needs the file to exist."""
-    return "".join(one_per_line((e.name, stack_lines(e.cell)) for e in entries if not e.is_parameters_grad))
+    yield naming.DUMP_JSON, dump_json_encoded(task, data_dir, bodies, run_id)
+    yield naming.CONSTRUCT_JSON, one_per_line((name, parent) for name, _, parent in nodes())
+    yield naming.STACK_JSON, one_per_line((name, stack_lines(cell)) for name, cell, _ in nodes())
 
 
 def stack_lines(cell: CellRecord) -> List[str]:

@@ -1,15 +1,16 @@
 """Who watches a processing run: the progress bar, a log line now and then, or a parent process.
 
 ``process_dump`` reports what it does to a :class:`ProcessingObserver`: how many files
-there are, each file done, and each stage of a step's transaction (``output`` in
-place, ``marker`` written, raw ``removed``). The default observer shows progress.
+there are, each file done, each stage of a step's transaction (``output`` in place,
+``marker`` written, raw ``removed``), and the entries of each output it puts in place (the
+worker makes the step's rank summary of them). The default observer shows progress.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from tqdm import tqdm
 
@@ -30,6 +31,11 @@ class ProcessingObserver:
 
     def on_stage(self, rank: int, step: int, stage: str) -> None:
         """A step's transaction reached ``stage`` (one of STAGES)."""
+
+    def on_output(self, rank: int, step: int, entries: Iterable[Tuple[str, Dict[str, Any]]]) -> None:
+        """A step's output is in place: ``entries`` streams its dump.json entries (name, body) in order, from
+        the entries processing holds (not from the file). Lazy: untouched, it costs nothing; iterated once,
+        during this call, memory holds one entry at a time."""
 
     def on_finish(self) -> None:
         """The run is over (also after an error)."""

@@ -15,23 +15,23 @@ step with a problem that says what and where; the other steps go on.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Protocol, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import fsutil
 from mf_celldump.dtypes import dtype_names
 from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
-from mf_celldump.processing.capture_index import CaptureIndex
-from mf_celldump.processing.entries import Entry, ShapeOf, implausible_calls
-from mf_celldump.processing.entry_build import build_entries
+from mf_celldump.processing.capture_index import CaptureIndex, RecordsIndexer
+from mf_celldump.processing.entries import Entry, ShapeOf
+from mf_celldump.processing.entry_build import BodyOf, EntryStore, HeldStore, build_step
 from mf_celldump.processing.errors import NpyReadError
 from mf_celldump.processing.existing_output import foreign_in_output, is_output, links_in_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
-from mf_celldump.processing.indexed_step import RecordsIndexer, build_indexed
 from mf_celldump.processing.observer import ProcessingObserver
 from mf_celldump.processing.outcome import StepOutcome
 from mf_celldump.processing.worker_pool import FileRunner
@@ -201,50 +201,28 @@ def _with_twin_links(raw_dir: Optional[str], tasks: List[FileTask],
     return links
 
 
-class _StepEntries(Protocol):
-    """What writing a step's output needs of its entries, wherever they are."""
-
-    def texts(self, data_dir: Optional[str], failed: Dict[int, int]) -> Iterator[Tuple[str, Iterable[str]]]: ...
-
-    def counts(self) -> Tuple[int, int]: ...  # (entries, of which parameters_grad)
-
-    def held(self) -> List[Entry]: ...  # the entries in memory: their captures' files are read
-
-
-class _HeldEntries:
-    """A step's entries in memory (the usual case); ``indexed_step.IndexedStep`` is the other kind."""
-
-    def __init__(self, ctx: RankContext, entries: List[Entry]):
-        self.ctx = ctx
-        self.entries = entries
-
-    def texts(self, data_dir: Optional[str], failed: Dict[int, int]):
-        manifest = self.ctx.manifest
-        return msprobe_json.output_texts(manifest.task, data_dir, self.entries, failed, manifest.parameters,
-                                         manifest.run_id)
-
-    def counts(self) -> Tuple[int, int]:
-        return len(self.entries), sum(1 for entry in self.entries if entry.is_parameters_grad)
-
-    def held(self) -> List[Entry]:
-        return self.entries
+def _step_store(ctx: RankContext, source: StepSource, inputs: _Inputs, outcome: StepOutcome, body_of: BodyOf,
+                our_links: Dict[Tuple[int, int], int]) -> EntryStore:
+    """The step's entries, built and linked in the records' index when there is one, else in memory."""
+    store: EntryStore = inputs.index if inputs.index is not None else HeldStore(inputs.captures)
+    build_step(ctx.manifest, store, _shape_reader(ctx, source.raw_dir, our_links), outcome.problems,
+               outcome.warnings, body_of)
+    outcome.records = store.values()
+    return store
 
 
-def _step_entries(ctx: RankContext, source: StepSource, inputs: _Inputs, target: str, outcome: StepOutcome,
-                  our_links: Dict[Tuple[int, int], int]) -> _StepEntries:
-    """The step's entries: held in memory, or built cell by cell in the records' index."""
-    shape_of = _shape_reader(ctx, source.raw_dir, our_links)
-    if inputs.index is None:
-        entries = build_entries(ctx.manifest, inputs.captures, outcome.problems, shape_of, outcome.warnings)
-        outcome.warnings.extend(implausible_calls(entries))
-        outcome.records = sum(1 for c in inputs.captures if c.file is None)
-        return _HeldEntries(ctx, entries)
-    data_dir = _final_data_dir(ctx, target)
-    parameters = ctx.manifest.parameters
-    step = build_indexed(ctx.manifest, inputs.index, shape_of, outcome.problems, outcome.warnings,
-                         lambda entry: msprobe_json.entry_json(entry, data_dir, {}, parameters))
-    outcome.records = step.values
-    return step
+def _texts(ctx: RankContext, store: EntryStore, data_dir: Optional[str],
+           body_of: BodyOf) -> Iterator[Tuple[str, Iterable[str]]]:
+    """(file name, text chunks) of the step's three JSON files, streamed from ``store``."""
+    cells = ctx.manifest.cells
+    return msprobe_json.output_texts(
+        ctx.manifest.task, data_dir, ctx.manifest.run_id, store.bodies(body_of),
+        lambda: ((name, cells[cell], parent) for name, cell, parent in store.nodes()))
+
+
+def _decoded(bodies: Iterable[Tuple[str, str]]) -> Iterator[Tuple[str, dict]]:
+    """(name, body) as a reader of the step's dump.json gets them."""
+    return ((name, json.loads(body)) for name, body in bodies)
 
 
 def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: FileRunner,
@@ -255,21 +233,27 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
     retired = fsutil.child(ctx.root_real, step_out, naming.retired_output_dir_name(ctx.out_rank_name))
     our_links = raw_cleanup.output_links(os.path.join(target, naming.TENSOR_DIR),
                                          os.path.join(retired, naming.TENSOR_DIR))
-    entries = _step_entries(ctx, source, inputs, target, outcome, our_links)
+    final_data_dir = _final_data_dir(ctx, target)
+    failed: Dict[int, int] = {}  # filled as the captures' files are read, before a body is written
+    parameters = ctx.manifest.parameters
+
+    def body_of(entry: Entry) -> dict:
+        return msprobe_json.entry_json(entry, final_data_dir, failed, parameters)
+
+    store = _step_store(ctx, source, inputs, outcome, body_of, our_links)
     partial = fsutil.child(ctx.root_real, step_out, naming.partial_output_dir_name(ctx.out_rank_name))
     fsutil.make_dir(step_out)
     fsutil.remove_tree(partial)
     fsutil.make_dir(partial)
-    failed: Dict[int, int] = {}
     try:
         data_dir = None
         if ctx.manifest.task == "tensor":
             data_dir = fsutil.make_dir(os.path.join(partial, naming.TENSOR_DIR))
-        failed = _read_files(ctx, source, entries.held(), data_dir, runner, observer, outcome, our_links)
+        failed.update(_read_files(ctx, source, store.held(), data_dir, runner, observer, outcome, our_links))
         space_codes = [code for code in failed.values() if code in space.SPACE_ERRNOS]
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
-        for name, chunks in entries.texts(_final_data_dir(ctx, target), failed):
+        for name, chunks in _texts(ctx, store, final_data_dir, body_of):
             fsutil.write_new_text(os.path.join(partial, name), chunks)
         _check_no_foreign_output(target, [source.raw_dir, data_dir, os.path.join(retired, naming.TENSOR_DIR)])
         fsutil.swap_into_place(partial, target, retired)
@@ -278,11 +262,13 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
             fsutil.remove_tree(partial)  # frees what a full disk needs; the raw data is untouched
             fsutil.remove_empty_dir(step_out)
         if space.is_space_error(err):
-            raise StepProblem(_space_text(ctx, source, target, entries, err, copying=bool(failed))) from None
+            raise StepProblem(_space_text(ctx, source, store, final_data_dir, body_of, err,
+                                          copying=bool(failed))) from None
         raise
     outcome.output_written = True
-    outcome.entries, outcome.weight_grad_entries = entries.counts()
+    outcome.entries, outcome.weight_grad_entries = store.counts()
     observer.on_stage(ctx.rank, source.step, "output")
+    observer.on_output(ctx.rank, source.step, _decoded(store.bodies(body_of)))
 
 
 def _final_data_dir(ctx: RankContext, target: str) -> Optional[str]:
@@ -306,11 +292,11 @@ def _check_no_foreign_output(target: str, own_folders: List[Optional[str]]) -> N
                           "data is kept)")
 
 
-def _space_text(ctx: RankContext, source: StepSource, target: str, entries: _StepEntries, err: OSError,
-                copying: bool) -> str:
+def _space_text(ctx: RankContext, source: StepSource, store: EntryStore, data_dir: Optional[str], body_of: BodyOf,
+                err: OSError, copying: bool) -> str:
     """The full-disk message, with the space this step's output needs (its JSON measured, copies added)."""
-    texts = (chunk for _, chunks in entries.texts(_final_data_dir(ctx, target), {}) for chunk in chunks)
-    files = [c.file for e in entries.held() for c in e.captures if c.file is not None]
+    texts = (chunk for _, chunks in _texts(ctx, store, data_dir, body_of) for chunk in chunks)
+    files = [c.file for e in store.held() for c in e.captures if c.file is not None]
     copied = 0
     if copying and source.raw_dir is not None:  # tensors were being copied (no hard links on this file system)
         copied = sum(os.lstat(os.path.join(source.raw_dir, name)).st_size for name in files)

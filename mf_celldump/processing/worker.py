@@ -37,7 +37,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, Iterable, List, Optional, TextIO, Tuple
 
 _STARTED = time.monotonic()
 
@@ -46,7 +46,7 @@ from mf_celldump.processing.driver import process_dump  # noqa: E402  (numpy + y
 from mf_celldump.processing.observer import ProgressObserver  # noqa: E402
 from mf_celldump.processing.report import ProcessingReport  # noqa: E402
 from mf_celldump.processing.step_transaction import StepOutcome  # noqa: E402
-from mf_celldump.ranks.summary import summarize_outputs  # noqa: E402  (reads dump.json; no MindSpore)
+from mf_celldump.ranks.summary import RankSummary, summarize_entries, summarize_outputs  # noqa: E402  (no MindSpore)
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,25 @@ class Channel:
                 self._out = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (lives as long as the worker)
 
 
-class _ProgressEvents(ProgressObserver):
+class SummarizingObserver(ProgressObserver):
+    """Progress as usual, and the rank summary of every step whose output the run puts in place, made of the
+    entries processing holds as it writes them (streamed: no dump.json is read back, memory holds one entry)."""
+
+    def __init__(self, show_bar: bool = False, summarize: bool = True):
+        super().__init__(show_bar=show_bar)
+        self.summarize = summarize  # False: progress only
+        self.summaries: Dict[Tuple[int, int], RankSummary] = {}  # (rank, step) -> its summary
+
+    def on_output(self, rank: int, step: int, entries: Iterable[Tuple[str, Dict[str, Any]]]) -> None:
+        if not self.summarize:
+            return
+        try:
+            self.summaries[(rank, step)] = summarize_entries(entries, step, rank)
+        except (OSError, ValueError) as err:  # the step's output is in place; only its summary is missing
+            logger.warning("no rank summary for step %s rank %s: %s", step, rank, err)
+
+
+class _ProgressEvents(SummarizingObserver):
     """Log lines as in any processing run, plus a throttled ``progress`` reply once the trainer waits.
 
     Only after ``stop`` (sent when training has ended and the trainer waits with a progress
@@ -165,8 +183,8 @@ class _ProgressEvents(ProgressObserver):
     worker answers once per request and no more.
     """
 
-    def __init__(self, channel: Channel, request_id: int, inbox: Inbox):
-        super().__init__(show_bar=False)
+    def __init__(self, channel: Channel, request_id: int, inbox: Inbox, summarize: bool):
+        super().__init__(show_bar=False, summarize=summarize)
         self._channel = channel
         self._id = request_id
         self._inbox = inbox
@@ -257,25 +275,30 @@ def handle(request: Request, channel: Channel, inbox: Inbox) -> None:
         if request.wait_s > 0:  # the step's files are written beside training (our writer, MindSpore's TensorDump)
             waited = wait_for_steps(request.dump_path, request.rank, request.steps, timeout=request.wait_s,
                                     show_bar=False)
+        observer = _ProgressEvents(channel, request.id, inbox, request.summarize)
         report = process_dump(request.dump_path, steps=request.steps, ranks=[request.rank], jobs=request.jobs,
-                              only_complete=True, observer=_ProgressEvents(channel, request.id, inbox))
+                              only_complete=True, observer=observer)
         if waited is not None:
             report.problems.extend(waited.problems(request.rank))
     except Exception as err:  # noqa: BLE001  -- reported to the trainer, which logs it
         logger.exception("processing steps %s of rank %d failed", request.steps, request.rank)
         channel.send(event="error", id=request.id, steps=request.steps, error=f"{type(err).__name__}: {err}")
         return
-    summaries = [s.to_json() for s in step_summaries(request.dump_path, report)] if request.summarize else []
+    summaries = [s.to_json() for s in step_summaries(request.dump_path, report, observer.summaries)
+                 ] if request.summarize else []
     channel.send(event="result", id=request.id, steps=request.steps,
                  seconds=round(time.monotonic() - started, 4), cpu_s=round(time.process_time() - cpu_started, 4),
                  report=report_to_json(report), summaries=summaries,
                  mindspore_imported="mindspore" in sys.modules)
 
 
-def step_summaries(dump_path: str, report: ProcessingReport):
-    """The rank summary of every step whose output is in place (off the training step path)."""
+def step_summaries(dump_path: str, report: ProcessingReport,
+                   made: Optional[Dict[Tuple[int, int], RankSummary]] = None):
+    """The rank summary of every step whose output is in place (off the training step path): ``made``
+    (``SummarizingObserver.summaries``) for the outputs the run wrote, from ``dump.json`` for those it found
+    already in place."""
     outputs = ((o.step, o.rank, o.output) for o in report.outcomes if o.status in ("processed", "already-processed"))
-    return summarize_outputs(dump_path, outputs)
+    return summarize_outputs(dump_path, outputs, made)
 
 
 def serve(inbox: Inbox, channel: Channel) -> str:

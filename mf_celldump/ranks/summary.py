@@ -1,8 +1,9 @@
 """One rank's step reduced to what the replicas are checked on: a few kilobytes per step.
 
-Read from the rank folder's ``dump.json`` one entry at a time (statistics only, no tensor
-file is opened), so the processing worker can make it beside training and the rank check
-can make it for any dump in msprobe's layout. A summary holds, in execution order
+Made from a rank folder's ``dump.json`` entries one at a time (statistics only, no tensor
+file is opened): the processing worker makes it beside training from the entries it has
+just written (``summarize_entries``), and the rank check makes it for any dump in
+msprobe's layout by reading the file (``summarize``). A summary holds, in execution order
 (forward before backward, then the dump's order):
 
 * ``weight`` items: a digest of each captured weight's statistics (dtype, shape, Max, Min,
@@ -21,7 +22,7 @@ import math
 import os
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump.layout.naming import (
     BACKWARD,
@@ -151,12 +152,18 @@ def _opt_float(value) -> Optional[float]:
 # -- making one -------------------------------------------------------------------------
 def summarize(dump_json: str, step: Optional[int], rank: int) -> RankSummary:
     """Summary of one rank folder's ``dump.json`` (streamed: memory of one entry at a time)."""
+    return summarize_entries(DumpJson(dump_json).entries(), step, rank)
+
+
+def summarize_entries(entries: Iterable[Tuple[str, Dict[str, Any]]], step: Optional[int], rank: int) -> RankSummary:
+    """Summary of a rank folder's ``dump.json`` entries, (name, body) in the file's order; memory holds the
+    summary and one entry, so a step of any size can be streamed through it."""
     summary = RankSummary(step, rank)
     forward: List[Tuple[int, Item]] = []
     backward: List[Tuple[int, Item]] = []
     first = FirstAnomaly()
     seen_weights = set()
-    for pos, (name, body) in enumerate(DumpJson(dump_json).entries()):
+    for pos, (name, body) in enumerate(entries):
         summary.entries += 1
         parsed = parse_entry_name(name)
         if parsed is None:
@@ -251,12 +258,17 @@ class FirstAnomaly:
         return self.found.get(FORWARD) or self.found.get(BACKWARD)
 
 
-def summarize_outputs(dump_path: str, outputs) -> Iterator[RankSummary]:
-    """Summaries of processed output folders: ``outputs`` yields (step, rank, folder relative to dump_path).
+def summarize_outputs(dump_path: str, outputs, made: Optional[Dict[Tuple[int, int], RankSummary]] = None
+                      ) -> Iterator[RankSummary]:
+    """Summaries of processed output folders: ``outputs`` yields (step, rank, folder relative to dump_path);
+    ``made``: (rank, step) -> the summary already made of a folder's entries, its ``dump.json`` not read.
 
     A folder that cannot be read is skipped (its step then has no summary; the verdict says so).
     """
     for step, rank, folder in outputs:
+        if made is not None and (rank, step) in made:
+            yield made[(rank, step)]
+            continue
         try:
             yield summarize(os.path.join(dump_path, folder, DUMP_JSON), step, rank)
         except (OSError, ValueError) as err:
