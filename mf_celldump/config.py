@@ -14,7 +14,7 @@ import os
 import re
 import reprlib
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import yaml
 
@@ -381,21 +381,52 @@ def _timeout(timeout: Any, key: str = "process_timeout") -> float:
     return seconds
 
 
-# -- YAML files: bounded, UTF-8, not nested past what a configuration needs, no key twice --------
+# -- YAML files: bounded, UTF-8, not nested past what a configuration needs, no key twice, no alias loop ---
 
 MAX_YAML_BYTES = 4 << 20  # a configuration is a few lines; a MindFormers run config a few KB
 MAX_YAML_DEPTH = 64
 
 
-def yaml_depth_line(text: str, limit: int = MAX_YAML_DEPTH) -> Optional[int]:
+def yaml_events(text: str, source: str, error: type) -> Iterator[yaml.Event]:
+    """The parser events of ``text`` (libyaml's when available): the pass every YAML text the package reads
+    (configuration and layer-mapping files) makes before anything is composed or built.
+
+    It refuses, with ``error`` naming ``source`` and the line, an alias inside the collection its anchor
+    names (``Net: &a {fc1: x, loop: *a}``): ``safe_load`` would build a value that contains itself, and
+    every walk over it (validation, messages, the mapping parser) would recurse until RecursionError.
+    Reusing a finished collection (``x: &a [1]`` then ``y: *a``) is fine. Syntax errors raise
+    ``yaml.YAMLError`` as ``yaml.compose`` would.
+    """
+    open_collections: List[int] = []  # the event number of each collection started and not yet ended
+    still_open: Set[int] = set()
+    anchors: Dict[str, Tuple[int, int]] = {}  # anchor -> (event number, line) of its latest definition
+    for number, event in enumerate(yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))):
+        if isinstance(event, yaml.AliasEvent):
+            defined = anchors.get(event.anchor)
+            if defined is not None and defined[0] in still_open:
+                raise error(f"{source}:{event.start_mark.line + 1}: alias *{event.anchor[:60]} refers to the "
+                            f"collection anchored at line {defined[1]}, which holds it: the value would contain "
+                            "itself without end; write the values out instead of the alias")
+        elif isinstance(event, yaml.NodeEvent) and event.anchor is not None:
+            anchors[event.anchor] = (number, event.start_mark.line + 1)
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_collections.append(number)
+            still_open.add(number)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            still_open.discard(open_collections.pop())
+        yield event
+
+
+def yaml_depth_line(text: str, limit: int = MAX_YAML_DEPTH, source: str = "<string>",
+                    error: type = ConfigError) -> Optional[int]:
     """The line where ``text`` nests YAML collections more than ``limit`` deep; None when it does not.
 
-    Walks the parser's events (libyaml's when available), which keeps its own stack: a
-    document nested 100,000 deep is measured here before any recursive composer sees it.
-    Syntax errors raise ``yaml.YAMLError`` as ``yaml.compose`` would.
+    Walks the parser's events (:func:`yaml_events`, which refuses alias loops with ``error``), which
+    keeps its own stack: a document nested 100,000 deep is measured here before any recursive composer
+    sees it. Syntax errors raise ``yaml.YAMLError`` as ``yaml.compose`` would.
     """
     depth = 0
-    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    for event in yaml_events(text, source, error):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > limit:
@@ -446,7 +477,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _load_yaml_file(path: str) -> Any:
     text = read_yaml_text(path, "configuration file", ConfigError)
     try:
-        line = yaml_depth_line(text)
+        line = yaml_depth_line(text, source=path)
         if line is not None:
             raise ConfigError(f"{path}:{line}: nested more than {MAX_YAML_DEPTH} levels deep; a configuration is "
                               "a mapping of keys to values")

@@ -68,3 +68,14 @@ def test_a_reader_that_reads_a_line_then_closes_gets_no_error_message(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert first and proc.wait(timeout=120) == 141 and err == "", (first, err)
+
+
+@pytest.mark.parametrize("command, code", [("check", 1), ("show", 2)])
+def test_mapping_with_an_alias_loop_is_one_line_naming_file_and_line(tmp_path, capsys, command, code):
+    """``check`` reports an invalid file as its finding (1), ``show`` cannot show it (bad input, 2)."""
+    path = tmp_path / "loop.yaml"
+    path.write_text("Net: &a {fc1: x, loop: *a}\n", encoding="utf-8")
+    assert main(["mapping", command, str(path)]) == code
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}:1: alias *a refers to the collection"), lines

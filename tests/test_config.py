@@ -591,6 +591,31 @@ def test_from_yaml_non_mapping(tmp_path, text, kind):
     assert kind in str(info.value)
 
 
+def test_from_yaml_alias_inside_the_list_it_names_is_an_error_naming_file_and_line(tmp_path):
+    path = write(tmp_path / "loop.yaml", "task: tensor\nsteps: &a\n  - 0\n  - *a\n")
+    with pytest.raises(ConfigError) as info:
+        DumpConfig.from_yaml(path)
+    assert str(info.value).startswith(f"{path}:4: alias *a refers to the collection anchored at line 2")
+
+
+def test_from_yaml_alias_to_a_finished_list_is_its_value(tmp_path):
+    path = write(tmp_path / "reuse.yaml", "steps: &a [1]\nranks: *a\n")
+    cfg = DumpConfig.from_yaml(path)
+    assert cfg.steps.values == cfg.ranks.values == frozenset({1})
+
+
+def test_attach_with_a_layer_mapping_holding_an_alias_loop_names_the_file_and_line(tmp_path):
+    from mf_celldump import attach
+    from mf_celldump.mapping import MappingError
+    from tests.support import capture_net as cn
+
+    path = write(tmp_path / "loop.yaml", "Net: &a {fc1: x, loop: *a}\n")
+    cn.set_mode("pynative")
+    with pytest.raises(MappingError) as info:
+        attach(cn.make_net(), {"dump_path": str(tmp_path / "d"), "layer_mapping": [path]})
+    assert str(info.value).startswith(f"{path}:1: alias *a refers to the collection anchored at line 1")
+
+
 # --------------------------------------------------------------------------- coerce / to_dict
 
 

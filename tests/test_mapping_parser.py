@@ -208,6 +208,28 @@ def test_structure_errors(tmp_path, text, fragment):
     assert str(err.value).startswith(path)
 
 
+@pytest.mark.parametrize(
+    "text, line, anchored",
+    [
+        ("Net: &a {fc1: x, loop: *a}\n", 1, 1),
+        ("Net: &a\n  fc1: x\n  loop: *a\n", 3, 1),
+        ("Net:\n  fc1: &b [x, [y, *b]]\n", 2, 2),
+        ("Net: &n\n  a:\n    b:\n      - *n\n", 4, 1),
+    ],
+)
+def test_an_alias_inside_the_collection_it_names_is_an_error_naming_file_and_line(tmp_path, text, line, anchored):
+    path = write(tmp_path, text)
+    with pytest.raises(MappingError) as err:
+        load_mapping_file(path)
+    assert str(err.value).startswith(f"{path}:{line}: alias *")
+    assert f"refers to the collection anchored at line {anchored}, which holds it" in str(err.value)
+
+
+def test_an_alias_to_a_finished_section_reuses_it(tmp_path):
+    mapping = load_mapping_file(write(tmp_path, "Block: &b\n  mlp: mlp([in], [out])\nOther: *b\n"))
+    assert mapping.classes["Block"]["mlp"].bench_name == mapping.classes["Other"]["mlp"].bench_name == "mlp"
+
+
 # --- merge and resolution --------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from mf_celldump.config import read_yaml_text
+from mf_celldump.config import read_yaml_text, yaml_events
 from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleError, RuleValue, check_rule
 from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError
 
@@ -224,10 +224,11 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def _check_outline(text: str, source: str) -> None:
     """Refuse, before anything is built, a text nested deeper or holding more entries than a mapping can.
 
-    Walks the parser's events, which keep their own stack (no recursion), counting values.
+    Walks the parser's events, which keep their own stack (no recursion), counting values; an alias
+    inside the collection it names is refused there too.
     """
     depth, values = 0, 0
-    for event in yaml.parse(text, Loader=_LOADER):
+    for event in yaml_events(text, source, MappingError):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
