@@ -264,7 +264,8 @@ def describe_dump(dump_path: str, rank: Optional[int] = None) -> str:
 
 
 def _folder_counts(folder: str):
-    """(entries, tensor leaves, non-tensor leaves) of one output folder's dump.json."""
+    """(entries, tensor leaves, other leaves) of one output folder's dump.json: what processing's log calls its
+    tensors and non-tensor values."""
     try:
         with open(os.path.join(folder, "dump.json"), encoding="utf-8") as handle:
             data = json.load(handle).get("data", {})
@@ -272,7 +273,7 @@ def _folder_counts(folder: str):
         return 0, 0, 0
     counts = {"tensor": 0, "value": 0}
 
-    def walk(node) -> None:
+    def walk(node) -> None:  # None and null count as non-tensor values, as the processing log counts them
         if isinstance(node, dict) and "type" in node:
             counts["tensor" if node["type"] == "mindspore.Tensor" else "value"] += 1
         elif isinstance(node, dict):
@@ -281,6 +282,8 @@ def _folder_counts(folder: str):
         elif isinstance(node, list):
             for item in node:
                 walk(item)
+        elif node is None:
+            counts["value"] += 1
 
     walk(list(data.values()))
     return len(data), counts["tensor"], counts["value"]

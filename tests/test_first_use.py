@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import io
+import json
 import logging
 import os
 import shutil
@@ -166,10 +167,13 @@ def test_counts_say_what_they_count(tmp_path, caplog):
         report = process_dump(builder.dump_path, jobs=1)
     tensors = report.processed[0].tensor_files
     assert report.processed[0].value_files == 2 and report.files == tensors + 2
-    assert (f"30 entries (cell calls); {tensors + 2} raw files read ({tensors} tensors, 2 non-tensor values)"
-            in report.summary())
-    assert (f"step 0 rank 0: processed: 30 entries (cell calls), {tensors + 2} raw files read ({tensors} tensors, "
-            "2 non-tensor values), 1 capture read from records.jsonl or statistic.csv") in caplog.text
+    leaves, values = _dump_json_leaves(os.path.join(builder.dump_path, report.processed[0].output))  # what a reader of dump.json counts
+    assert (leaves, values) == (report.tensors, report.values) and values >= 2
+    assert (f"30 entries (cell calls) holding {leaves} tensors and {values} non-tensor values; {tensors + 2} raw "
+            f"files read ({tensors} tensor files, 2 value files)") in report.summary(), report.summary()
+    assert (f"step 0 rank 0: processed: 30 entries (cell calls) holding {leaves} tensors and {values} non-tensor "
+            f"values; {tensors + 2} raw files read ({tensors} tensor files, 2 value files), 1 capture read from "
+            "records.jsonl or statistic.csv") in caplog.text
 
 
 def test_counts_of_one_and_weight_gradient_entries_are_named_as_such(tmp_path):
@@ -183,8 +187,33 @@ def test_counts_of_one_and_weight_gradient_entries_are_named_as_such(tmp_path):
     report = process_dump(builder.dump_path, jobs=1)
     tensors = report.processed[0].tensor_files
     assert report.processed[0].weight_grad_entries == 2
-    assert (f"32 entries (30 cell calls, 2 weight-gradient entries); {tensors + 1} raw files read ({tensors} "
-            "tensors, 1 non-tensor value)") in report.summary(), report.summary()
+    leaves, values = _dump_json_leaves(os.path.join(builder.dump_path, report.processed[0].output))
+    assert (leaves, values) == (report.tensors, report.values)
+    assert (f"32 entries (30 cell calls, 2 weight-gradient entries) holding {leaves} tensors and {values} non-tensor "
+            f"values; {tensors + 1} raw files read ({tensors} tensor files, 1 value file)") in report.summary(), \
+        report.summary()
+
+
+def _dump_json_leaves(folder):
+    """(tensor leaves, other leaves) of a folder's dump.json, walked as a reader would."""
+    with open(os.path.join(folder, "dump.json"), encoding="utf-8") as handle:
+        data = json.load(handle)["data"]
+    counts = [0, 0]
+
+    def walk(node):
+        if isinstance(node, dict) and "type" in node:
+            counts[0 if node["type"] == "mindspore.Tensor" else 1] += 1
+        elif isinstance(node, dict):
+            for item in node.values():
+                walk(item)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif node is None:
+            counts[1] += 1
+
+    walk(list(data.values()))
+    return tuple(counts)
 
 
 # -- register-path --yaml prints the entry to add ------------------------------------------

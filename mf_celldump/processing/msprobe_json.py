@@ -8,6 +8,8 @@ with it) read them back.
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump.dtypes import mindspore_dtype_name
@@ -189,10 +191,36 @@ def encoded(body: dict) -> str:
     return json.dumps(body)
 
 
+# In an encoded body: a JSON string (skipped whole, so nothing inside a name counts), a null, or the
+# value of a "type" key (json.dumps writes ": " after a key).
+_LEAF_TOKENS = re.compile(r'"type": "((?:[^"\\]|\\.)*)"|"(?:[^"\\]|\\.)*"|\bnull\b')
+
+
+@dataclass
+class LeafCounts:
+    """The leaves dump.json holds, counted as the file is written: tensors, and every other leaf (a number,
+    a bool, None, or null where nothing was captured). The per-step log line and any reader that walks
+    dump.json's leaves (tensor objects against everything else) get the same two numbers."""
+
+    tensors: int = 0
+    values: int = 0
+
+    def add(self, body: str) -> None:
+        for match in _LEAF_TOKENS.finditer(body):
+            kind = match.group(1)
+            if kind is not None:
+                if kind == TENSOR_TYPE:
+                    self.tensors += 1
+                else:
+                    self.values += 1
+            elif match.group(0) == "null":
+                self.values += 1
+
+
 def dump_json_encoded(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, str]],
-                      run_id: str = "") -> Iterable[str]:
+                      run_id: str = "", counts: Optional[LeafCounts] = None) -> Iterable[str]:
     """dump.json as text chunks, one entry per line, from (name, ``encoded`` body); ``run_id`` names the run
-    in the head (before ``data``)."""
+    in the head (before ``data``); ``counts``, when given, counts the leaves as they are written."""
     head = {"task": task, "level": "L0", "framework": "mindspore", "dump_data_dir": data_dir}
     if run_id:
         head[naming.RUN_ID_KEY] = run_id
@@ -202,6 +230,8 @@ def dump_json_encoded(task: str, data_dir: Optional[str], bodies: Iterable[Tuple
     yield ' "data": {'
     first = True
     for name, body in bodies:
+        if counts is not None:
+            counts.add(body)
         yield ("\n  " if first else ",\n  ") + json.dumps(name) + ": " + body
         first = False
     yield "\n }\n}\n"
@@ -229,15 +259,17 @@ Node = Tuple[str, CellRecord, Optional[str]]  # an entry of construct.json and s
 
 
 def output_texts(task: str, data_dir: Optional[str], run_id: str, bodies: Iterable[Tuple[str, str]],
-                 nodes: Callable[[], Iterable[Node]]) -> Iterator[Tuple[str, Iterable[str]]]:
+                 nodes: Callable[[], Iterable[Node]],
+                 counts: Optional[LeafCounts] = None) -> Iterator[Tuple[str, Iterable[str]]]:
     """(file name, text chunks) of the three files, lazy: the caller streams one after the other.
 
     ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; ``run_id``:
     the capture's run, recorded in dump.json's head. ``bodies``: (name, ``encoded`` body) of
     every entry in execution order; ``nodes``: a callable giving (name, cell, parent) of those
-    that are nodes (not ``parameters_grad``: msprobe places them by name), twice.
+    that are nodes (not ``parameters_grad``: msprobe places them by name), twice; ``counts``: see
+    :class:`LeafCounts`.
     """
-    yield naming.DUMP_JSON, dump_json_encoded(task, data_dir, bodies, run_id)
+    yield naming.DUMP_JSON, dump_json_encoded(task, data_dir, bodies, run_id, counts)
     yield naming.CONSTRUCT_JSON, one_per_line((name, parent) for name, _, parent in nodes())
     yield naming.STACK_JSON, one_per_line((name, stack_lines(cell)) for name, cell, _ in nodes())
 

@@ -26,10 +26,15 @@ class StepOutcome:
     foreign_kept: List[str] = field(default_factory=list)  # files we did not write, left in the raw folder
     output_written: bool = False  # this run put the output in place
     weight_grad_entries: int = 0  # of the entries: parameters_grad ones (a cell's weight gradients in the step)
+    tensors: int = 0  # tensor leaves the written dump.json holds
+    values: int = 0  # its other leaves: numbers, bools, None, and null where nothing was captured
 
     def counts_text(self) -> str:
         """What the numbers of this step are, in words (the per-step log line)."""
-        text = f"{entries_text(self.entries, self.weight_grad_entries)}, {counted(self.files, 'raw file')} read"
+        text = f"{entries_text(self.entries, self.weight_grad_entries)}"
+        if self.output_written:
+            text += f" holding {leaves_text(self.tensors, self.values)}"
+        text += f"; {counted(self.files, 'raw file')} read"
         if self.files:
             text += f" ({files_text(self.tensor_files, self.value_files)})"
         if self.records:
@@ -51,5 +56,11 @@ def entries_text(entries: int, weight_grad_entries: int) -> str:
     return f"{total} ({calls}, {counted(weight_grad_entries, 'weight-gradient entry', 'weight-gradient entries')})"
 
 
-def files_text(tensors: int, values: int) -> str:
-    return f"{counted(tensors, 'tensor')}, {counted(values, 'non-tensor value')}"
+def leaves_text(tensors: int, values: int) -> str:
+    """What dump.json holds: ``215 tensors and 48 non-tensor values`` (the main job's summary says the same)."""
+    return f"{counted(tensors, 'tensor')} and {counted(values, 'non-tensor value')}"
+
+
+def files_text(tensor_files: int, value_files: int) -> str:
+    """The raw files read: ``215 tensor files, 44 value files`` (a value's file holds a number, bool or None)."""
+    return f"{counted(tensor_files, 'tensor file')}, {counted(value_files, 'value file')}"

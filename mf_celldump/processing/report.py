@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from mf_celldump.processing.outcome import StepOutcome, counted, entries_text, files_text
+from mf_celldump.processing.outcome import StepOutcome, counted, entries_text, files_text, leaves_text
 
 
 @dataclass
@@ -59,6 +59,16 @@ class ProcessingReport:
         return sum(o.files for o in self.processed)
 
     @property
+    def tensors(self) -> int:
+        """Tensor leaves of the dump.json files written."""
+        return sum(o.tensors for o in self.processed)
+
+    @property
+    def values(self) -> int:
+        """Their other leaves (numbers, bools, None, null where nothing was captured)."""
+        return sum(o.values for o in self.processed)
+
+    @property
     def tensor_files(self) -> int:
         return sum(o.tensor_files for o in self.processed)
 
@@ -96,8 +106,8 @@ class ProcessingReport:
         shown = [o.output for o in done[:4]] + (["..."] if len(done) > 4 else [])
         return [
             f"processed {len(done)} step folder(s): steps {ranges(steps)}, ranks {ranges(ranks)}; "
-            f"{entries_text(self.entries, self.weight_grad_entries)}; {counted(self.files, 'raw file')} read "
-            f"({files_text(self.tensor_files, self.value_files)})",
+            f"{entries_text(self.entries, self.weight_grad_entries)} holding {leaves_text(self.tensors, self.values)}; "
+            f"{counted(self.files, 'raw file')} read ({files_text(self.tensor_files, self.value_files)})",
             f"output in {self.dump_path}: {', '.join(shown)}",
         ]
 

@@ -211,13 +211,13 @@ def _step_store(ctx: RankContext, source: StepSource, inputs: _Inputs, outcome: 
     return store
 
 
-def _texts(ctx: RankContext, store: EntryStore, data_dir: Optional[str],
-           body_of: BodyOf) -> Iterator[Tuple[str, Iterable[str]]]:
+def _texts(ctx: RankContext, store: EntryStore, data_dir: Optional[str], body_of: BodyOf,
+           counts: Optional[msprobe_json.LeafCounts] = None) -> Iterator[Tuple[str, Iterable[str]]]:
     """(file name, text chunks) of the step's three JSON files, streamed from ``store``."""
     cells = ctx.manifest.cells
     return msprobe_json.output_texts(
         ctx.manifest.task, data_dir, ctx.manifest.run_id, store.bodies(body_of),
-        lambda: ((name, cells[cell], parent) for name, cell, parent in store.nodes()))
+        lambda: ((name, cells[cell], parent) for name, cell, parent in store.nodes()), counts)
 
 
 def _decoded(bodies: Iterable[Tuple[str, str]]) -> Iterator[Tuple[str, dict]]:
@@ -253,8 +253,10 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         space_codes = [code for code in failed.values() if code in space.SPACE_ERRNOS]
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
-        for name, chunks in _texts(ctx, store, final_data_dir, body_of):
+        counts = msprobe_json.LeafCounts()
+        for name, chunks in _texts(ctx, store, final_data_dir, body_of, counts):
             fsutil.write_new_text(os.path.join(partial, name), chunks)
+        outcome.tensors, outcome.values = counts.tensors, counts.values
         _check_no_foreign_output(target, [source.raw_dir, data_dir, os.path.join(retired, naming.TENSOR_DIR)])
         fsutil.swap_into_place(partial, target, retired)
     except BaseException as err:
