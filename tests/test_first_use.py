@@ -167,7 +167,7 @@ def test_counts_say_what_they_count(tmp_path, caplog):
         report = process_dump(builder.dump_path, jobs=1)
     tensors = report.processed[0].tensor_files
     assert report.processed[0].value_files == 2 and report.files == tensors + 2
-    leaves, values = _dump_json_leaves(os.path.join(builder.dump_path, report.processed[0].output))  # what a reader of dump.json counts
+    leaves, values = _dump_json_leaves(os.path.join(builder.dump_path, report.processed[0].output))
     assert (leaves, values) == (report.tensors, report.values) and values >= 2
     assert (f"30 entries (cell calls) holding {leaves} tensors and {values} non-tensor values; {tensors + 2} raw "
             f"files read ({tensors} tensor files, 2 value files)") in report.summary(), report.summary()
