@@ -39,6 +39,7 @@ from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap, wrapper_chain
 from mf_celldump.capture.versions import mindspore_version_problem
 from mf_celldump.config import DumpConfig, short_repr
+from mf_celldump.errors import AttachError, StepError
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
@@ -50,14 +51,6 @@ logger = logging.getLogger(__name__)
 
 _MARKER = "_mf_celldump_attached"
 DEFAULT_MODES = ArgModes(bench_name="")
-
-
-class AttachError(RuntimeError):
-    """The network cannot be captured as asked (wrong type, already attached, bad path, a detached handle)."""
-
-
-class StepError(ValueError):
-    """A step number that is not a global step: an int from 0 to ``rawformat.names.MAX_STEP``."""
 
 
 def checked_step(step: Any) -> int:

@@ -21,6 +21,7 @@ import tempfile
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import fsutil
+from mf_celldump.errors import CellDumpError
 
 CACHE_KIB = 16 * 1024  # SQLite's page cache: the memory the index costs
 # The index of the largest records file scan accepts (1 GiB) takes about 1.5 GiB; beyond this
@@ -43,7 +44,7 @@ _SCHEMA = (
 EntryRow = Tuple[int, str, str, int, int, int, bool]
 
 
-class IndexFileError(OSError):
+class IndexFileError(CellDumpError, OSError):
     """The index could not be written or read (a full disk, most often); the step's raw data is kept."""
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
+from mf_celldump.errors import ManifestError
 from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
 
 # /2 added the weight slots (w, g), the cells' ``weights`` and ``parameters``; /1 dumps have neither.
@@ -65,10 +66,6 @@ FIELDS = {
 
 
 MAX_CELLS = 1_000_000  # a model with every cell captured has thousands; far more is not a capture
-
-
-class ManifestError(ValueError):
-    """A rank's ``manifest.json`` is unreadable, of an unknown version, or lacks a field."""
 
 
 @dataclass(frozen=True)
