@@ -19,8 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, Optional, Protocol, Tuple
 
-from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.sink import RawSink
+from mf_celldump.capture.runtime import CaptureRuntime, RawSink
 from mf_celldump.config import DumpConfig
 from mf_celldump.errors import BackendModeError
 from mf_celldump.rawformat.keys import ProbeKey
