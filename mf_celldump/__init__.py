@@ -7,12 +7,14 @@ MindFormers YAML ``callbacks:`` entry; ``process_dump(path)`` processes any raw 
 (a crashed run's, say). Importing this package does not import MindSpore or MindFormers.
 """
 
-from mf_celldump.config import ConfigError, DumpConfig
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import AttachError, CellDumpError, ConfigError, MappingError, ProcessingError, StepError
 from mf_celldump.version import __version__
 
 __all__ = [
     "AttachError",
     "CellDumpCallback",
+    "CellDumpError",
     "ConfigError",
     "DumpConfig",
     "MappingError",
@@ -27,12 +29,8 @@ __all__ = [
 # Heavy parts (MindSpore, MindFormers) load on first use, not on import: name -> (module, attribute).
 _LAZY = {
     "attach": ("mf_celldump.capture.session", "attach"),
-    "AttachError": ("mf_celldump.capture.session", "AttachError"),
-    "StepError": ("mf_celldump.capture.session", "StepError"),
     "process_captured": ("mf_celldump.integrations.captured", "process_captured"),
     "process_dump": ("mf_celldump.processing.driver", "process_dump"),
-    "ProcessingError": ("mf_celldump.processing.errors", "ProcessingError"),
-    "MappingError": ("mf_celldump.mapping.entries", "MappingError"),
     "CellDumpCallback": ("mf_celldump.integrations.callback", "CellDumpCallback"),
 }
 

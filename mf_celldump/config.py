@@ -18,6 +18,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Opti
 
 import yaml
 
+from mf_celldump.errors import ConfigError
 from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
 from mf_celldump.statistics import STATISTICS
 
@@ -34,10 +35,6 @@ DEFAULT_DUMP_DIR_NAME = "celldump"
 # node timeout (MS_NODE_TIMEOUT, 30 s by default): a rank that vanished gets the others
 # stopped by MindSpore that long after, and the verdict should name it before then.
 DEFAULT_RANK_VERDICT_TIMEOUT = 20.0
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message says which and what is valid."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
+from mf_celldump.errors import UnsafePathError
+
 logger = logging.getLogger(__name__)
 
 DIR_MODE = 0o750
@@ -35,10 +37,6 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _RENAME_EXCHANGE = 2
 # errno values after which a hard link is replaced by a copy
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
-
-
-class UnsafePathError(ValueError):
-    """A name or symlink would place a file outside the dump folder."""
 
 
 def safe_join(root: str, *parts: str) -> str:

@@ -88,7 +88,7 @@ def test_alias_bomb_through_from_yaml_names_the_key(tmp_path):
 def test_surplus_modes_are_named():
     from mindspore import nn
 
-    from mf_celldump.capture.mode_arity import surplus_mode_warnings
+    from mf_celldump.capture.construct import surplus_mode_warnings
     from mf_celldump.mapping import modes_for_network
     from mf_celldump.mapping.parser import parse_mapping_text
 

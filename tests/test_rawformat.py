@@ -102,12 +102,12 @@ def test_manifest_written_by_the_package_reads_back(tmp_path):
         "params": ["x", "mask"], "weights": ["weight", "bias"]}
 
 
-def test_format_1_manifests_still_read_without_weights(tmp_path):
-    path = tmp_path / "manifest.json"
-    path.write_text(json.dumps({"format": "mf_celldump-raw/1", "task": "tensor", "rank": 0,
-                                "cells": [{"id": 0, "name": "a", "class": "A", "params": ["x"]}]}))
-    read = manifest.load_manifest(str(path), str(tmp_path))
-    assert read.parameters is False and read.cells[0].weights == ()
+@pytest.mark.parametrize("earlier", ["mf_celldump-raw/1", "mf_celldump-raw/2"])
+def test_manifest_of_an_earlier_format_is_refused_naming_the_file_and_both_versions(tmp_path, earlier):
+    path = _write(tmp_path, {"format": earlier, "task": "tensor", "rank": 0, "cells": []})
+    with pytest.raises(manifest.ManifestError) as err:
+        manifest.load_manifest(path, str(tmp_path))
+    assert path in str(err.value) and repr(earlier) in str(err.value) and repr(fmt.RAW_FORMAT) in str(err.value)
 
 
 @pytest.mark.parametrize("slot", [keys.SLOT_WEIGHT, keys.SLOT_WEIGHT_GRAD])

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from mf_celldump.analysis.extras import MissingExtra, pyplot
 from mf_celldump.config import IndexSelection
+from mf_celldump.errors import RankCheckError
 from mf_celldump.layout.reader import DumpError, find_rank_dumps
 from mf_celldump.ranks.groups import ReplicaGroups
 from mf_celldump.ranks.replicas import MARK_ANOMALY, MARK_DEPARTURE, CheckOptions, GroupResult, ReplicaChecks
@@ -41,10 +42,6 @@ SUMMARY_SUFFIXES = (".jsonl.gz", ".jsonl")
 MAX_LINE = 64 << 20  # one summary line is kilobytes; far more is not a summary
 MAX_HEATMAPS = 16
 DEFAULT_OUTPUT = "ranks_out"
-
-
-class RankCheckError(ValueError):
-    """Inputs that cannot be checked; the message names the file or option and what would be valid."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 reach the raw tree while training runs.
 
 ``session.attach`` is the entry point; ``selection`` picks and names cells,
-``signature`` maps arguments to slots, ``pynative_wrapper``/``graph_wrapper`` build the
-capturing construct, ``construct_patch`` installs and restores it, ``backends/`` turn a
-captured value into raw data through ``sink``, ``runtime`` holds the step counters.
+``construct`` maps arguments to slots and installs and restores the capturing construct
+that ``pynative_wrapper``/``graph_wrapper`` build, ``backends/`` turn a captured value
+into raw data through ``runtime.RawSink``, ``runtime`` also holds the step counters.
 """

@@ -9,7 +9,7 @@ relies on (MindSpore 2.9):
   MindFormers' ``for i in range(n): self.layers[i](...)`` is compiled as a graph loop
   that switches between the layers' constructs, and that path rejects a
   ``*args, **kwargs`` wrapper ("parameters number ... provided arguments");
-* the generated source is a real file while attached (capture/generated_sources.py: the
+* the generated source is a real file while attached (``GeneratedSources``, below: the
   parser reads source, and MindSpore's debug info reads the file), its module name is
   ours, and everything it uses comes in as closure variables (the parser resolves
   closures, not the ``exec`` namespace);
@@ -25,16 +25,29 @@ from __future__ import annotations
 
 import ast
 import inspect
+import linecache
+import logging
+import os
+import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from mf_celldump.capture.backends.base import GraphFace, GraphProbe, InputTie, check_probe
-from mf_celldump.capture.generated_sources import GeneratedSources
-from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
+from mf_celldump.capture.construct import (
+    NESTED,
+    NOT_DIFFERENTIABLE,
+    UNPASSED,
+    GradientGapLog,
+    ParamSlot,
+    differentiable_dtypes,
+    param_slots,
+)
 from mf_celldump.capture.selection import SelectedCell
-from mf_celldump.capture.signature import UNPASSED, ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.keys import SLOT_ARG, SLOT_CODES, SLOT_KWARG, SLOT_OUTPUT, SLOTS
+
+logger = logging.getLogger(__name__)
 
 _GENERATED_MODULE = __name__
 
@@ -526,3 +539,57 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
                               call)
 
     return construct
+
+
+# -- the generated source files ------------------------------------------------------------------------
+# MindSpore's compiler reads a function's source file from disk for its debug info
+# (``ReadSectionDebugInfoFromFile`` in ``mindspore/core/utils/info.cc``); a name that is not a
+# real file gets two log lines per compiled node ("Get realpath failed" at ERROR level):
+# hundreds on a small mcore model. So each wrapper's source is also written to a private
+# temporary folder of this process (0o700), registered with ``linecache`` for Python's own
+# tracebacks, and removed at detach: only the files written here.
+
+class GeneratedSources:
+    """The source files of one attached dump's generated wrappers (removed at detach, or when
+    the handle is collected or the interpreter exits, for a dump never detached)."""
+
+    def __init__(self) -> None:
+        self._folder: Optional[str] = None
+        self._files: List[str] = []
+        self._finalizer: Optional[weakref.finalize] = None
+
+    def add(self, name: str, source: str) -> str:
+        """Write ``source`` as ``{name}.py``; the file name to compile it under."""
+        if self._folder is None:
+            self._folder = tempfile.mkdtemp(prefix="mf_celldump-constructs-")
+            self._finalizer = weakref.finalize(self, _remove, self._folder, self._files)
+        path = os.path.join(self._folder, f"{name}.py")
+        try:
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640), "w", encoding="utf-8") as handle:
+                handle.write(source)
+            self._files.append(path)
+        except OSError as err:  # debug info only: compiling works without the file
+            logger.debug("generated construct source not written to %s: %s", path, err)
+        linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+        return path
+
+    def remove(self) -> None:
+        """Remove the files written here and their folder (if nothing else is in it)."""
+        if self._finalizer is not None:
+            self._finalizer()  # runs _remove once
+            self._finalizer = None
+        self._folder = None
+        self._files = []
+
+
+def _remove(folder: str, files: List[str]) -> None:
+    for path in files:
+        linecache.cache.pop(path, None)
+        try:
+            os.remove(path)
+        except OSError as err:
+            logger.debug("could not remove %s: %s", path, err)
+    try:
+        os.rmdir(folder)
+    except OSError as err:
+        logger.debug("could not remove %s: %s", folder, err)

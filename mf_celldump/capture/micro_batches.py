@@ -53,7 +53,6 @@ MICRO_BATCH_WRAPPERS = {
 GRAD_ACCUMULATION_WRAPPERS = ("GradAccumulationCell", "GradAccumulation", "GradAccumulationCellWithTwoOutput")
 ORDERED_SCHEDULERS = ("1f1b", "gpipe")
 SEMI_AUTO_MODES = ("semi_auto_parallel", "auto_parallel")
-IN_ORDER = "in_order"  # the manifest's micro_batches.backward_order
 
 
 @dataclass(frozen=True)
@@ -100,12 +99,6 @@ class MicroBatches:
     @property
     def in_order(self) -> bool:
         return self.unordered is None
-
-    def manifest_field(self) -> Optional[dict]:
-        if self.count <= 1:
-            return None
-        return {"count": self.count, "backward_order": IN_ORDER if self.in_order else "unknown",
-                "source": self.source}
 
     def refusal(self, backend: str) -> str:
         return (f"the {backend} backend in graph mode names no call in its files, so each backward capture is paired "

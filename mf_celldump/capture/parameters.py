@@ -38,10 +38,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from mf_celldump.capture.backends.base import GradientProbe, check_probe
-from mf_celldump.capture.construct_patch import InstalledConstruct, install
+from mf_celldump.capture.construct import InstalledConstruct, install
 from mf_celldump.capture.control_flow import conditional_call
-from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.sink import RawSink
+from mf_celldump.capture.runtime import CaptureRuntime, RawSink
 from mf_celldump.config import DumpConfig
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.fsutil import ensure_dir

@@ -2,11 +2,11 @@
 
 It knows the step and the call index, skips all work on steps that are not captured,
 walks any nesting of tuples, lists and dicts, and names arguments by the signature
-(see ``signature``); a parameter the caller left at its default is not recorded.
+(see ``construct``); a parameter the caller left at its default is not recorded.
 Non-tensor values (int, float, bool, None) are handed to the backend, which records them
 as values.
 
-Gradients of inputs follow msprobe 26.2's L0 convention (``gradient_gaps``): the
+Gradients of inputs follow msprobe 26.2's L0 convention (``construct``): the
 top-level tensor positional inputs of a call go through ONE backend op (``backward_inputs``), so an
 input that depends on no parameter (an attention mask) gets its gradient as soon as
 another input of the call does; positional ones are numbered by their rank among the
@@ -21,10 +21,16 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.capture.backends.base import PyNativeFace
-from mf_celldump.capture.gradient_gaps import NESTED, NOT_DIFFERENTIABLE, GradientGapLog, differentiable_dtypes
+from mf_celldump.capture.construct import (
+    NESTED,
+    NOT_DIFFERENTIABLE,
+    GradientGapLog,
+    ParamSlot,
+    differentiable_dtypes,
+    param_slots,
+)
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell
-from mf_celldump.capture.signature import ParamSlot, param_slots
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.keys import (
     BACKWARD,

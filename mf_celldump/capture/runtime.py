@@ -1,15 +1,26 @@
-"""Per-attach mutable capture state: which step runs, whether it is captured, counters.
+"""Per-attach capture state, and the sink backends hand what they capture to.
 
-One ``CaptureRuntime`` belongs to one attached dump. Capture ops consult it when they
-execute (graph mode) or when the wrapped ``construct`` runs (PyNative), so nothing
-about steps is baked into a compiled graph and nothing is shared between dumps.
+One ``CaptureRuntime`` belongs to one attached dump: which step runs, whether it is
+captured, counters. Capture ops consult it when they execute (graph mode) or when the
+wrapped ``construct`` runs (PyNative), so nothing about steps is baked into a compiled
+graph and nothing is shared between dumps.
+
+A backend hands values over to the ``RawSink`` and never builds paths or record lines
+itself; the sink adds the running step and the execution-order number (``seq``) from the
+runtime and calls the raw-format writer, which writes on its own thread. Capture ops
+call it from whatever thread MindSpore runs them on.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from mf_celldump.rawformat.keys import ProbeKey, plain_value
+from mf_celldump.rawformat.writer import RawWriter
 
 
 @dataclass
@@ -45,3 +56,22 @@ class CaptureRuntime:
             seq = self._seq
             self._seq += 1
             return seq
+
+
+@dataclass
+class RawSink:
+    runtime: CaptureRuntime
+    writer: RawWriter
+
+    def value(self, key: ProbeKey, value: Any) -> None:
+        """A non-tensor argument (int, float, bool, None) of the running step."""
+        self.writer.append_record(self.runtime.step, key, self.runtime.next_seq(), value=plain_value(value))
+
+    def statistics(self, key: ProbeKey, dtype: str, shape: Tuple[int, ...], stats: Dict[str, Any],
+                   seq: int) -> None:
+        """Statistics of a tensor (``dtype`` in MindSpore's spelling); ``seq`` taken when it was captured."""
+        self.writer.append_record(self.runtime.step, key, seq, dtype=dtype, shape=list(shape), stats=stats)
+
+    def tensor(self, key: ProbeKey, array: np.ndarray, dtype_name: str) -> None:
+        """A whole tensor as a raw ``.npy`` file (``dtype_name`` numpy-style, ``bfloat16`` allowed)."""
+        self.writer.write_tensor(self.runtime.step, key, array, dtype_name, self.runtime.next_seq())

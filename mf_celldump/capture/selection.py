@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from mf_celldump.capture.construct import construct_params
 from mf_celldump.capture.parameters import weight_names
-from mf_celldump.capture.signature import construct_params
 from mf_celldump.config import DumpConfig
 from mf_celldump.rawformat.manifest import CellRecord
 

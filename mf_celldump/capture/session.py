@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from packaging.version import InvalidVersion, Version
+
 from mf_celldump.capture.backends import (
     BackendContext,
     BackendSetupError,
@@ -25,20 +27,17 @@ from mf_celldump.capture.backends import (
     choose_backend,
     create_backend,
 )
-from mf_celldump.capture.construct_patch import InstalledConstruct, install
-from mf_celldump.capture.generated_sources import GeneratedSources
-from mf_celldump.capture.gradient_gaps import GradientGapLog
-from mf_celldump.capture.graph_wrapper import graph_construct
+from mf_celldump.capture.construct import GradientGapLog, InstalledConstruct, install, surplus_mode_warnings
+from mf_celldump.capture.graph_wrapper import GeneratedSources, graph_construct
 from mf_celldump.capture.micro_batches import MicroBatches
 from mf_celldump.capture.micro_batches import detect as detect_micro_batches
-from mf_celldump.capture.mode_arity import surplus_mode_warnings
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap, wrapper_chain
-from mf_celldump.capture.versions import mindspore_version_problem
 from mf_celldump.config import DumpConfig, short_repr
+from mf_celldump.errors import AttachError, StepError
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
@@ -51,13 +50,14 @@ logger = logging.getLogger(__name__)
 _MARKER = "_mf_celldump_attached"
 DEFAULT_MODES = ArgModes(bench_name="")
 
-
-class AttachError(RuntimeError):
-    """The network cannot be captured as asked (wrong type, already attached, bad path, a detached handle)."""
-
-
-class StepError(ValueError):
-    """A step number that is not a global step: an int from 0 to ``rawformat.names.MAX_STEP``."""
+# The MindSpore versions capture supports, checked at attach (before training). 2.7.0 is the
+# floor: ``ops.DumpGradient``, ``_dump_step`` and the ``td_flag`` naming of statistics rows
+# first appear there (absent from v2.5.0, v2.6.0 and r2.6 of
+# ``mindspore/python/mindspore/ops/operations/debug_ops.py`` and
+# ``runtime/graph_scheduler/actor/debug_actor.cc``). The tests run on 2.7.2, 2.8.0, 2.9.0 and
+# 2.10.0 (``.ci/run``); keep ``pyproject.toml`` in step with these values.
+MINIMUM_MINDSPORE = (2, 7, 0)
+NEWEST_TESTED_MINDSPORE = (2, 10)
 
 
 def checked_step(step: Any) -> int:
@@ -404,6 +404,29 @@ class CellDump:
     def __repr__(self) -> str:
         state = "attached" if self.attached else "detached"
         return f"<CellDump {state} rank={self.rank} cells={len(self.cells)} path={self.dump_path!r}>"
+
+
+def _version_text(version) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def mindspore_version_problem(installed: str) -> Optional[str]:
+    """Why ``installed`` cannot be used (None when it can); logs a warning for untested newer versions."""
+    try:
+        release = Version(installed).release
+    except InvalidVersion:
+        logger.warning("cannot read the MindSpore version %r; assuming it is supported", installed)
+        return None
+    minimum, newest = _version_text(MINIMUM_MINDSPORE), _version_text(NEWEST_TESTED_MINDSPORE)
+    if tuple(release[:3]) < MINIMUM_MINDSPORE:
+        return (f"mf_celldump needs MindSpore {minimum} or later (ops.DumpGradient, _dump_step and the "
+                f"td_flag naming of statistics rows start there); installed: MindSpore {installed}. Install "
+                f"MindSpore {minimum} to {newest}.x")
+    if tuple(release[:2]) > NEWEST_TESTED_MINDSPORE:
+        logger.warning("MindSpore %s is newer than the newest version mf_celldump is tested with (%s.x); Ascend "
+                       "graph capture relies on private MindSpore APIs: run examples/ascend/acceptance.sh first",
+                       installed, newest)
+    return None
 
 
 def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *,

@@ -16,12 +16,10 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from mf_celldump.cli.conventions import ExitCode, bad_input
 from mf_celldump.mapping.baseline_names import resolve_cells
-from mf_celldump.mapping.bundled import bundled_classes, bundled_names
-from mf_celldump.mapping.check import check_mapping
-from mf_celldump.mapping.dump_cells import cells_with_classes, dump_cells
+from mf_celldump.mapping.check import cells_with_classes, check_mapping, dump_cells
 from mf_celldump.mapping.entries import MappingError, format_mapping
 from mf_celldump.mapping.partners import find_partners, format_partners
-from mf_celldump.mapping.resolve import AUTO, load_one, named_classes, resolve_mapping
+from mf_celldump.mapping.resolve import AUTO, bundled_classes, bundled_names, load_one, named_classes, resolve_mapping
 from mf_celldump.mapping.sample_networks import BUILTIN_MODELS, ModelSpecError, build_model
 
 logger = logging.getLogger(__name__)

@@ -3,14 +3,34 @@
 ``on_train_begin(args, state, model=[chunks], optimizer=..., ...)``,
 ``on_step_begin(args, state, ...)``, ``on_step_end(args, state, loss=..., ...)``; ``state``
 is a ``TrainerState`` with ``global_step``, ``args`` the training arguments.
+
+With virtual pipeline stages one rank holds several chunks of the model (``model=[chunk,
+...]``). One capture covers all of them so the rank has one raw tree: ``ModelChunks``
+names them, cells are named ``chunk{i}.<name in chunk i>``. The container is never
+called and does not rename parameters (children are inserted without the attribute hook
+that would prefix parameter names).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from mindspore import nn
+
 from mf_celldump.integrations.mindspore_callback import param
 from mf_celldump.integrations.run import TrainingRun
+
+
+class ModelChunks(nn.Cell):
+    """Holds the chunks as children ``chunk0``, ``chunk1``, ... for naming only."""
+
+    def __init__(self, chunks):
+        super().__init__(auto_prefix=False)
+        for index, chunk in enumerate(chunks):
+            self.insert_child_to_cell(f"chunk{index}", chunk)
+
+    def construct(self, *args, **kwargs):
+        raise RuntimeError("ModelChunks only names model chunks for capture; call the chunks themselves")
 
 
 def model_root(model: Any):
@@ -21,8 +41,6 @@ def model_root(model: Any):
             return None
         if len(chunks) == 1:
             return chunks[0]
-        from mf_celldump.integrations.chunks import ModelChunks
-
         return ModelChunks(chunks)
     return model
 

@@ -29,13 +29,11 @@ import socket
 from datetime import timedelta
 from typing import Optional, Tuple
 
+from mf_celldump.errors import ExchangeError
+
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0  # a client's connect (and get) timeout: bounds every call to a gone rank 0
-
-
-class ExchangeError(RuntimeError):
-    """The store cannot be served or reached; the message says why (the verdict is then off)."""
 
 
 def reachable_ip() -> str:

@@ -17,16 +17,13 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from mf_celldump.errors import DumpError
 from mf_celldump.layout import naming
 
 CHUNK = 1 << 20
 MAX_ENTRY_CHARS = 256 << 20  # one entry bigger than this is not a dump entry
 _WS = " \t\r\n"
 _DECODER = json.JSONDecoder()
-
-
-class DumpError(ValueError):
-    """A dump cannot be read; the message names the file and what is wrong."""
 
 
 class _Cursor:

@@ -5,11 +5,18 @@
 ``check_mapping`` reports entries that match no cell. See docs/layer-mapping.md.
 """
 
-from mf_celldump.mapping.bundled import bundled_classes, bundled_names, load_bundled
 from mf_celldump.mapping.check import MappingReport, check_mapping, log_mapping_warnings
 from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError, merge
 from mf_celldump.mapping.parser import load_mapping_file, parse_entry, parse_mapping_text
-from mf_celldump.mapping.resolve import AUTO, modes_for_network, named_classes, resolve_mapping
+from mf_celldump.mapping.resolve import (
+    AUTO,
+    bundled_classes,
+    bundled_names,
+    load_bundled,
+    modes_for_network,
+    named_classes,
+    resolve_mapping,
+)
 
 __all__ = [
     "AUTO",

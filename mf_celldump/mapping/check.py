@@ -2,7 +2,9 @@
 
 A mapping key that names no cell is silently ignored at dump time, so a typo would
 quietly dump with default modes; this report makes such keys visible, with the
-nearest real names, at attach time and from ``mf-celldump mapping check``.
+nearest real names, at attach time and from ``mf-celldump mapping check``. Without a
+network, ``mapping check --target/--baseline`` matches a mapping against the cells and
+classes found in a dump (ours or a baseline), read through ``layout``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import bisect
 import difflib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Set, Tuple
 
+from mf_celldump.layout.naming import parse_entry_name
+from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
+from mf_celldump.mapping.baseline_names import NOT_DUMPED
 from mf_celldump.mapping.entries import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
 from mf_celldump.mapping.resolve import child_name, modes_for_network, named_classes
 
@@ -229,3 +234,37 @@ def _uncovered(
                 seen.add((cls, relative))
                 out.append(UncoveredChild(cls, relative, class_of[child], child))
     return out
+
+
+# -- the cells of a dump ---------------------------------------------------------------------------------
+
+def cells_with_classes(path: str) -> List[Tuple[str, str]]:
+    """(cell, class) of every cell with entries in a dump, in first-seen order."""
+    try:
+        first = find_rank_dumps(path)[0]
+        found: Dict[str, str] = {}
+        for name, _ in DumpJson(first.dump_json).entries():
+            parsed = parse_entry_name(name)
+            if parsed is not None:
+                found.setdefault(parsed.cell, parsed.cls)
+    except DumpError as err:
+        raise ValueError(str(err)) from None
+    for cell in list(found):  # ancestors without entries (a CellList is never called) still exist
+        parts = cell.split(".")
+        for size in range(1, len(parts)):
+            found.setdefault(".".join(parts[:size]), NOT_DUMPED)
+    return list(found.items())
+
+
+def dump_cells(path: str) -> Dict[str, Set[str]]:
+    """Cell -> directions with entries, from the first rank folder of a dump (streamed)."""
+    cells: Dict[str, Set[str]] = {}
+    try:
+        first = find_rank_dumps(path)[0]
+        for name, _ in DumpJson(first.dump_json).entries():
+            parsed = parse_entry_name(name)
+            if parsed is not None:
+                cells.setdefault(parsed.cell, set()).add(parsed.direction)
+    except DumpError as err:
+        raise ValueError(str(err)) from None
+    return cells

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
 
+from mf_celldump.errors import MappingError
+
 RuleValue = Union[str, Tuple[str, ...]]
 
 LAYOUTS = ("bsh", "sbh")
@@ -85,7 +87,7 @@ class CompareRules:
         return str(index)
 
 
-class RuleError(ValueError):
+class RuleError(MappingError):
     """A rule is unknown or has a bad value; the message says what is valid."""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from mf_celldump.config import ConfigError
+from mf_celldump.errors import MappingError as MappingError  # public: importable from here, as before
 from mf_celldump.mapping.compare_rules import CompareRules, RuleValue, format_rules, parse_rules
 
 MODE_IN = "in"
@@ -19,10 +19,6 @@ MODE_OUT = "out"
 MODE_DEFAULT = "_"
 MODES = (MODE_IN, MODE_OUT, MODE_DEFAULT)
 TOP_LAYER = "TopLayer"
-
-
-class MappingError(ConfigError):
-    """A layer-mapping file or spec is invalid; the message names the file, line and fix."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ _INT_TAG = "tag:yaml.org,2002:int"
 _NULL_TAG = "tag:yaml.org,2002:null"
 
 
-class EntryError(ValueError):
+class EntryError(MappingError):
     """An entry string does not follow the entry syntax; ``reason`` says why."""
 
     def __init__(self, reason: str, column: int):

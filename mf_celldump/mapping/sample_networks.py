@@ -15,9 +15,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, Optional
 
-
-class ModelSpecError(ValueError):
-    """A model cannot be built; the message says why."""
+from mf_celldump.errors import ModelSpecError
 
 
 def build_tiny_llama() -> Any:

@@ -25,6 +25,7 @@ import tempfile
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import fsutil
+from mf_celldump.errors import CellDumpError
 from mf_celldump.processing import msprobe_json
 from mf_celldump.processing.entries import Entry
 from mf_celldump.processing.entry_build import BodyOf
@@ -52,7 +53,7 @@ _SCHEMA = (
     "CREATE INDEX entries_by_cell ON entries(cell, name)",
 )
 
-class IndexFileError(OSError):
+class IndexFileError(CellDumpError, OSError):
     """The index could not be written or read (a full disk, most often); the step's raw data is kept."""
 
 

@@ -1,34 +1,25 @@
-"""Exceptions of the processing subsystem: bad input stops the run, with a message saying what to do."""
+"""Exceptions of the processing subsystem (defined in ``mf_celldump.errors``): bad input stops the run,
+with a message saying what to do. ``UnsafePathError`` (a name or symlink would place a file outside
+the dump folder; raised by fsutil) the CLI treats like a ``ProcessingError``."""
 
 from __future__ import annotations
 
-from mf_celldump import fsutil
+from mf_celldump.errors import (
+    DumpNotFoundError,
+    EmptyDumpError,
+    ManifestError,
+    NotACaptureDumpError,
+    NpyReadError,
+    ProcessingError,
+    UnsafePathError,
+)
 
-
-class ProcessingError(Exception):
-    """Base class: the dump cannot be processed as asked (the CLI exits with status 2)."""
-
-
-class DumpNotFoundError(ProcessingError):
-    """The dump path does not exist or is not a folder."""
-
-
-class EmptyDumpError(ProcessingError):
-    """The dump folder holds neither raw capture data nor processed output."""
-
-
-class NotACaptureDumpError(ProcessingError):
-    """The folder has content, but no ``_raw/rank*/manifest.json`` written by mf_celldump."""
-
-
-class ManifestError(ProcessingError):
-    """A rank's ``manifest.json`` is unreadable or lacks required fields."""
-
-
-# A name or symlink would place a file outside the dump folder (raised by fsutil; the
-# CLI treats it like a ProcessingError).
-UnsafePathError = fsutil.UnsafePathError
-
-
-class NpyReadError(Exception):
-    """One raw ``.npy`` file is truncated or corrupt; it is reported and the others are processed."""
+__all__ = [
+    "DumpNotFoundError",
+    "EmptyDumpError",
+    "ManifestError",
+    "NotACaptureDumpError",
+    "NpyReadError",
+    "ProcessingError",
+    "UnsafePathError",
+]

@@ -23,6 +23,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import fsutil
 from mf_celldump.dtypes import dtype_names
+from mf_celldump.errors import CellDumpError
 from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
@@ -305,7 +306,7 @@ def _space_text(ctx: RankContext, source: StepSource, store: EntryStore, data_di
     return space.space_problem(err, ctx.root_real, space.needed_bytes(texts, len(files), copied))
 
 
-class StepProblem(Exception):
+class StepProblem(CellDumpError):
     """One step cannot be completed now; the message says why and what to do (its raw data is kept)."""
 
 

@@ -39,6 +39,8 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, TextIO, Tuple
 
+from mf_celldump.errors import CellDumpError
+
 _STARTED = time.monotonic()
 
 from mf_celldump.processing.async_steps import wait_for_steps  # noqa: E402  (folder listings only)
@@ -64,7 +66,7 @@ PROGRESS_INTERVAL_S = 0.5
 PARENT_CHECK_S = 1.0
 
 
-class BadRequest(ValueError):
+class BadRequest(CellDumpError, ValueError):
     """A request line that cannot be processed; the message names the key and the valid values."""
 
 

@@ -18,15 +18,13 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from mf_celldump.errors import ReplicaSpecError
+
 GroupKey = Tuple[int, ...]
 _PARALLEL_RE = re.compile(r"^(model_parallel|pipeline_stages)\s*=\s*([0-9]{1,6})$")
 _RANK_RE = re.compile(r"^([0-9]{1,9})(?:\s*-\s*([0-9]{1,9}))?$")
 SYNTAX = "'all', 'model_parallel=T[,pipeline_stages=P]', or groups of ranks like '0,2;1,3' or '0-3;4-7'"
 MAX_LISTED = 1 << 20
-
-
-class ReplicaSpecError(ValueError):
-    """A replica-group specification that cannot be parsed; the message says what is valid."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from mf_celldump.errors import SummaryError
 from mf_celldump.layout.naming import (
     BACKWARD,
     DUMP_JSON,
@@ -103,10 +104,6 @@ class RankSummary:
     def to_bytes(self) -> bytes:
         """Compressed JSON: what a rank sends to rank 0 at train end."""
         return zlib.compress(json.dumps(self.to_json(), separators=(",", ":")).encode("utf-8"), 6)
-
-
-class SummaryError(ValueError):
-    """A summary that cannot be read; the message says what is wrong."""
 
 
 def from_json(data: Any, source: str = "summary") -> RankSummary:

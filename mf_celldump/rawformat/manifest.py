@@ -3,8 +3,8 @@
 It says how to read the rank's raw data: which cells the ids in raw names refer to,
 the task and statistics, how raw step folders are numbered, and whether the folder is
 the single-card ``rank`` or a distributed ``rank{R}`` in the output. Its ``format``
-names the raw-format version; a reader refuses a version it does not know, with a
-message saying which versions it reads.
+names the raw-format version; a reader reads only the one this package writes and
+refuses any other with a message naming the file, the version found and the one it reads.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
+from mf_celldump.errors import ManifestError
 from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
 
-# /2 added the weight slots (w, g), the cells' ``weights`` and ``parameters``; /1 dumps have neither.
-# /3 added ``micro_batches`` and the kernel-by-kernel stems' ``-w{dtype}`` (names.WIDENED_DTYPES).
 FORMAT = "mf_celldump-raw/3"
-READABLE_FORMATS = ("mf_celldump-raw/1", "mf_celldump-raw/2", FORMAT)
 MAX_MICRO_BATCHES = 1 << 20
 
 # How raw step folders are numbered: "global" = the training run's global step (0-based);
@@ -39,7 +37,7 @@ STEP_COMPLETIONS = (COMPLETION_STEP_DONE, COMPLETION_TENSORDUMP)
 
 # Manifest fields (docs/raw-format.md is generated from this table).
 FIELDS = {
-    "format": f"'{FORMAT}': the raw-format version; readers refuse versions they do not know",
+    "format": f"'{FORMAT}': the raw-format version; readers refuse any other version",
     "run_id": "unique per attach",
     "task": "'tensor' or 'statistics'",
     "statistics": "configured statistics names (max, min, mean, norm, md5, nan_count, inf_count)",
@@ -65,10 +63,6 @@ FIELDS = {
 
 
 MAX_CELLS = 1_000_000  # a model with every cell captured has thousands; far more is not a capture
-
-
-class ManifestError(ValueError):
-    """A rank's ``manifest.json`` is unreadable, of an unknown version, or lacks a field."""
 
 
 @dataclass(frozen=True)
@@ -193,10 +187,10 @@ def _cells(data: dict, path: str) -> Dict[int, CellRecord]:
 
 def _check_format(data: dict, path: str) -> None:
     version = data.get("format")
-    if version not in READABLE_FORMATS:
+    if version != FORMAT:
         raise ManifestError(
-            f"{path}: raw format {_short(version)} is not one this mf_celldump reads "
-            f"({', '.join(READABLE_FORMATS)}); process this dump with the mf_celldump version that captured it"
+            f"{path}: raw format {_short(version)} is not one this mf_celldump reads (it reads {FORMAT!r} only); "
+            "process this dump with the mf_celldump version that captured it"
         )
 
 

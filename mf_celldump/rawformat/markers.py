@@ -68,12 +68,6 @@ def _tensordump_marker(folder: str) -> Tuple[Optional[int], bool]:
     return None, True
 
 
-def tensordump_done_step(folder: str) -> Optional[int]:
-    """The global step named by the step-done marker MindSpore wrote into ``folder``; None if absent."""
-    step, selected = _tensordump_marker(folder)
-    return step if selected else None
-
-
 @dataclass(frozen=True)
 class FolderState:
     """A raw step folder as its marker describes it: global step, complete, and why it cannot be

@@ -185,13 +185,6 @@ class RawWriter:
         if error is not None:
             raise error
 
-    def append_computed_record(self, step: int, key: ProbeKey, seq: int, payload: Callable[[], dict],
-                               nbytes: int = 0) -> None:
-        """A record whose fields ``payload()`` computes on the writer thread (e.g. statistics of a host array
-        of ``nbytes`` that the writer keeps until then)."""
-        folder = self.step_dir(step)
-        self._submit(lambda: self._append_line(step, folder, encode_record(key, seq, **payload())), nbytes)
-
     def _append_line(self, step: int, folder: str, line: str) -> None:
         with self._lock:
             handle = self._records.get(step)

@@ -137,7 +137,7 @@ def _manifest(draw):
     cells = [{"id": i, "name": draw(names), "class": draw(st.sampled_from(["C", "Linear", ""])),
               "params": draw(st.lists(st.sampled_from(["x", "mask", "a/b"]), max_size=3))}
              for i in range(draw(st.integers(0, 3)))]
-    manifest = {"format": draw(st.sampled_from(["mf_celldump-raw/1", "mf_celldump-raw/1", "other"])),
+    manifest = {"format": draw(st.sampled_from(["mf_celldump-raw/3", "mf_celldump-raw/3", "other"])),
                 "task": draw(st.sampled_from(["tensor", "statistics", "x"])), "rank": draw(st.integers(0, 2)),
                 "distributed": draw(st.booleans()), "cells": cells,
                 "step_numbering": draw(st.sampled_from(["global", "graph", "x"])),

@@ -16,7 +16,6 @@ from typing import List, Optional, Sequence, Tuple
 
 from mf_celldump.analysis.compare import msprobe_rules
 from mf_celldump.analysis.compare.coverage import measure_coverage
-from mf_celldump.analysis.compare.errors import CompareInputError
 from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, load_unit
 from mf_celldump.analysis.compare.report import (
     NONE,
@@ -31,6 +30,7 @@ from mf_celldump.analysis.compare.report import (
 )
 from mf_celldump.analysis.compare.sources import RankFolder, Unit
 from mf_celldump.analysis.compare.store import Store
+from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.reader import DumpError, RankDump, find_rank_dumps
 from mf_celldump.mapping import AUTO, LayerMapping, resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView

@@ -107,16 +107,6 @@ def _nonfinite(values: np.ndarray) -> str:
     return " and ".join(p for p in parts if p) or "finite"
 
 
-def stat_differences(target: Mapping[str, Optional[float]], baseline: Mapping[str, Optional[float]]):
-    """target - baseline for each statistic both sides have (equal infinities: 0)."""
-    out = {}
-    for key in STATS:
-        a, b = target.get(key), baseline.get(key)
-        if a is not None and b is not None:
-            out[key] = 0.0 if (math.isinf(a) and a == b) else a - b
-    return out
-
-
 def stats_metrics(
     target: Mapping[str, Optional[float]],
     baseline: Mapping[str, Optional[float]],

@@ -23,12 +23,12 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from tqdm import tqdm
 
 from mf_celldump.analysis.compare import msprobe_rules, transforms
-from mf_celldump.analysis.compare.errors import CompareInputError
 from mf_celldump.analysis.compare.measure import Measured, measure_pair
 from mf_celldump.analysis.compare.sources import Unit
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.thresholds import EXACT, Thresholds, thresholds_for
 from mf_celldump.dtypes import canonical_dtype
+from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, layer_of, parse_entry_name
 from mf_celldump.layout.slots import slot_record, tensor_slots, weight_records
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup

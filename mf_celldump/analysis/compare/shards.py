@@ -33,11 +33,11 @@ import numpy as np
 
 from mf_celldump.analysis.compare import engine, metrics, tensors, transforms
 from mf_celldump.analysis.compare import thresholds as thresholds_mod
-from mf_celldump.analysis.compare.engine import CompareInputError
 from mf_celldump.analysis.compare.pairing import map_slot
 from mf_celldump.analysis.compare.report import CompareRequest, CompareResult
 from mf_celldump.analysis.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, ShardError, plan
 from mf_celldump.dtypes import canonical_dtype
+from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.naming import FORWARD, parse_entry_name, parse_parameters_grad_name
 from mf_celldump.layout.reader import DumpError, DumpJson, RankDump, find_rank_dumps
 from mf_celldump.layout.slots import slot_record

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Protocol, Tuple
 import numpy as np
 
 from mf_celldump.analysis.compare import tensors
-from mf_celldump.analysis.compare.errors import CompareInputError
+from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.reader import DumpJson, RankDump
 
 

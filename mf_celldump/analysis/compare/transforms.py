@@ -17,10 +17,11 @@ from typing import Optional
 
 import numpy as np
 
+from mf_celldump.errors import CellDumpError
 from mf_celldump.mapping.compare_rules import CompareRules, Split
 
 
-class NotComparable(ValueError):
+class NotComparable(CellDumpError, ValueError):
     """The pair cannot be compared element by element; the message says why."""
 
 

@@ -15,13 +15,12 @@ from typing import Dict, Type
 
 from mf_celldump.capture.backends.base import (
     BackendContext,
-    BackendModeError,
-    BackendSetupError,
     CaptureBackend,
     GraphFace,
     PyNativeFace,
 )
 from mf_celldump.config import DumpConfig
+from mf_celldump.errors import BackendModeError, BackendSetupError
 
 __all__ = [
     "BackendChoice",

@@ -21,7 +21,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, MutableMapping, Sequence
 
-from mf_celldump.capture.backends.base import BackendSetupError, synchronize_device
+from mf_celldump.capture.backends.base import synchronize_device
+from mf_celldump.errors import BackendSetupError
 
 # TDC GetTaskType: a TensorDump whose file name is exactly this moves the step counter
 # that replaces ``{step}`` in later file names (TensorDumpManager::UpdateStep); it writes nothing.

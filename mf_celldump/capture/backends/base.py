@@ -19,22 +19,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, Optional, Protocol, Tuple
 
-from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.sink import RawSink
+from mf_celldump.capture.runtime import CaptureRuntime, RawSink
 from mf_celldump.config import DumpConfig
+from mf_celldump.errors import BackendModeError
 from mf_celldump.rawformat.keys import ProbeKey
 from mf_celldump.rawformat.writer import RawWriter
 
 logger = logging.getLogger(__name__)
-
-
-class BackendModeError(RuntimeError):
-    """The backend cannot capture in this execution mode; the message names one that can."""
-
-
-class BackendSetupError(RuntimeError):
-    """The backend cannot capture in this environment (MindSpore version, dump settings, paths);
-    the message says what to change. Raised before any training step."""
 
 
 @dataclass

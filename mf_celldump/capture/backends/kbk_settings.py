@@ -13,9 +13,9 @@ import logging
 import os
 from typing import List, MutableMapping, Tuple
 
-from mf_celldump.capture.backends.base import BackendSetupError
 from mf_celldump.capture.backends.compile_backend import CompileBackend
 from mf_celldump.config import IndexSelection
+from mf_celldump.errors import BackendSetupError
 
 logger = logging.getLogger(__name__)
 

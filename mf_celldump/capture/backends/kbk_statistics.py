@@ -24,7 +24,7 @@ from typing import List, Optional
 import mindspore as ms
 
 from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP, AscendPrimitives
-from mf_celldump.capture.backends.base import BackendModeError, BackendSetupError, PyNativeFace
+from mf_celldump.capture.backends.base import PyNativeFace
 from mf_celldump.capture.backends.compile_backend import compile_backend
 from mf_celldump.capture.backends.kbk_settings import (
     check_dump_environment,
@@ -36,6 +36,7 @@ from mf_celldump.capture.backends.kbk_settings import (
 )
 from mf_celldump.capture.backends.tensordump import TensorDumpBackend
 from mf_celldump.capture.backends.tensordump_process import LAUNCH_SKIP_ENV, foreign_users, note_launch_skip
+from mf_celldump.errors import BackendModeError, BackendSetupError
 from mf_celldump.rawformat.manifest import COMPLETION_STEP_DONE, NUMBERING_GLOBAL
 
 logger = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ import logging
 import os
 from typing import List, MutableMapping
 
-from mf_celldump.capture.backends.base import BackendSetupError
+from mf_celldump.errors import BackendSetupError
 
 logger = logging.getLogger(__name__)
 
