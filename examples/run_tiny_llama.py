@@ -197,7 +197,7 @@ def dump_path_of(config) -> str:
 # -- run ------------------------------------------------------------------------------
 def use_register_path() -> str:
     """What ``run_mindformer.py --register_path $(mf-celldump register-path)`` does."""
-    from mf_celldump.registration import registration_dir
+    from mf_celldump.integrations.registration import registration_dir
 
     path = registration_dir()
     os.environ["REGISTER_PATH"] = path

@@ -7,9 +7,10 @@ MindFormers YAML ``callbacks:`` entry; ``process_dump(path)`` processes any raw 
 (a crashed run's, say). Importing this package does not import MindSpore or MindFormers.
 """
 
+__version__ = "0.1.0"  # pyproject.toml reads it from here
+
 from mf_celldump.config import DumpConfig
 from mf_celldump.errors import AttachError, CellDumpError, ConfigError, MappingError, ProcessingError, StepError
-from mf_celldump.version import __version__
 
 __all__ = [
     "AttachError",

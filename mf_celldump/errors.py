@@ -112,3 +112,8 @@ class CompareInputError(CellDumpError, ValueError):
 
 class RankCheckError(CellDumpError, ValueError):
     """A replica check cannot run on its inputs (unreadable summaries, nothing selected, bad groups)."""
+
+
+class MissingExtra(CellDumpError, RuntimeError):
+    """An optional dependency of an analysis tool (the ``compare`` extra) is not installed; the message says
+    what needs it and how to install it."""

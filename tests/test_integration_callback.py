@@ -215,7 +215,7 @@ def test_yaml_entry_type_celldumpcallback_is_found(tmp_path):
     """What run_mindformer.py --register_path does, then MindFormers' own callback builder."""
     code = textwrap.dedent('''
         import os, sys
-        from mf_celldump.registration import registration_dir
+        from mf_celldump.integrations.registration import registration_dir
         os.environ["REGISTER_PATH"] = registration_dir()
         sys.path.append(registration_dir())
         from mindformers.core import build_callback

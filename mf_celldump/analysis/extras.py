@@ -10,12 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from mf_celldump.errors import MissingExtra
+
 logger = logging.getLogger(__name__)
 INSTALL_HINT = 'pip install "mf_celldump[compare]"'
-
-
-class MissingExtra(RuntimeError):
-    """An optional dependency is not installed; the message says what needs it and how to install it."""
 
 
 def pyplot(what: str) -> Any:

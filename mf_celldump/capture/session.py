@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from packaging.version import InvalidVersion, Version
 
+from mf_celldump import __version__
 from mf_celldump.capture.backends import (
     BackendContext,
     BackendSetupError,
@@ -43,7 +44,6 @@ from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import MAX_STEP
 from mf_celldump.rawformat.writer import RawWriter
-from mf_celldump.version import __version__
 
 logger = logging.getLogger(__name__)
 

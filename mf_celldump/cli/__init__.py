@@ -18,8 +18,8 @@ from mf_celldump.cli.conventions import ExitCode
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mf_celldump import __version__
     from mf_celldump.cli import anomalies, compare, mapping, process, ranks, register_path
-    from mf_celldump.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="mf-celldump",

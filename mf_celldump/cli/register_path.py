@@ -7,7 +7,7 @@ import os
 import sys
 
 from mf_celldump.cli.conventions import ExitCode
-from mf_celldump.registration import CALLBACK_CLASS, REGISTRATION_MODULE, registration_dir
+from mf_celldump.integrations.registration import CALLBACK_CLASS, REGISTRATION_MODULE, registration_dir
 
 
 def add_cli(subparsers) -> None:

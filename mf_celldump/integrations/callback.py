@@ -17,7 +17,7 @@ creates its ``Model``) and removed when training ends.
 
 Importing this module imports MindSpore but never MindFormers. The class registers
 itself with MindFormers' registry if MindFormers is already imported, and
-``mf_celldump/registration/celldump_callback.py`` (the file YAML ``auto_register``
+``mf_celldump/integrations/registration/celldump_callback.py`` (the file YAML ``auto_register``
 loads) registers it otherwise.
 """
 

@@ -15,6 +15,7 @@ import heapq
 import math
 from typing import Any, Dict, Iterator, List, Optional
 
+from mf_celldump import __version__
 from mf_celldump.analysis.compare.pairing import ACTIVATION
 from mf_celldump.analysis.compare.plot import dominant_limits
 from mf_celldump.analysis.compare.report import (
@@ -28,7 +29,6 @@ from mf_celldump.analysis.compare.report import (
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.summary import crc_lines, header, weight_lines
 from mf_celldump.layout.naming import DIRECTIONS
-from mf_celldump.version import __version__
 
 MAX_TABLE_ROWS = 20000
 TABLE_COLUMNS = (
