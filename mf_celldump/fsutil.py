@@ -331,6 +331,10 @@ def writable_dir_problem(path: str, create: bool) -> Optional[str]:
     return None
 
 
+# What flock says when another process holds the lock.
+_HELD_ERRNOS = (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES)
+
+
 @dataclass
 class FolderLock:
     """An exclusive ``flock`` on a lock file, so two processes never process the same rank together.
@@ -351,9 +355,13 @@ class FolderLock:
             fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except OSError as err:
                 os.close(fd)
-                return False
+                if err.errno in _HELD_ERRNOS:
+                    return False
+                # ENOLCK, ENOSYS, EINVAL...: the file system cannot lock, which is not "another process"
+                raise OSError(err.errno, f"{self.path}: this file system cannot lock files ({err.strerror}); "
+                              "process the dump from a file system that supports flock, or copy it to one") from None
             if self._still_at_path(fd):
                 self._handle = fd
                 return True

@@ -181,3 +181,24 @@ def test_selection_matching_nothing_is_one_sentence_and_exit_2(tmp_path):
     again = run_cli("process", dump, "--steps", "0")  # processed already: nothing to do, not an error
     assert again.returncode == 0 and "nothing to do" in again.stdout and "nothing processed" not in again.stdout
     assert run_cli("process", dump, "--steps", "1-100000000000").returncode == 0
+
+
+def test_a_file_system_without_locks_is_named_not_taken_for_another_process(dump, monkeypatch):
+    """flock failing with ENOLCK (NFS without a lock daemon; not reproducible on this machine's disks, so
+    the call is made to fail as such a file system makes it fail) is said as such, the raw data kept."""
+    import errno
+    import fcntl
+
+    from mf_celldump import fsutil
+
+    build_dump(dump)
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fsutil.fcntl, "flock", no_locks)
+    report = process_dump(dump, jobs=1)
+    monkeypatch.setattr(fsutil.fcntl, "flock", fcntl.flock)
+    text = report.summary()
+    assert "this file system cannot lock files" in text and "another process" not in text, text
+    assert raw_files(os.path.join(dump, "_raw", "rank0", "step0")), "the raw data is kept"
