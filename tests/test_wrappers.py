@@ -49,12 +49,17 @@ WRAPPED = {
                                           "model."),
     "PipelineCellWithTwoOutput (pipeline_stages 1)": (
         lambda m: PipelineCellWithTwoOutput(wn.TwoOutputModel(m), MICRO), "model."),
-    "_VirtualDatasetCell > accumulation > DataOrderWrapperCell": (
-        lambda m: _VirtualDatasetCell(GradAccumulationCellWithMultiOutputs(DataOrderWrapperCell(["x"], m), MICRO)),
-        ""),
+    "[_VirtualDatasetCell >] accumulation > DataOrderWrapperCell": (lambda m: _as_the_trainer_builds(m), ""),
     "MicroBatchInterleaved": (lambda m: nn.MicroBatchInterleaved(m, MICRO), ""),
     "unknown class with its own slicer list": (lambda m: wn.SlicingAccumulation(m, MICRO), ""),
 }
+
+
+def _as_the_trainer_builds(model):
+    """What ``BaseTrainer`` builds for an mcore model with accumulation: the virtual dataset only in graph mode
+    (its primitive has no CPU kernel in PyNative, and MindFormers adds it in graph mode only)."""
+    network = GradAccumulationCellWithMultiOutputs(DataOrderWrapperCell(["x"], model), MICRO)
+    return _VirtualDatasetCell(network) if ms.get_context("mode") == ms.GRAPH_MODE else network
 
 
 @pytest.fixture(scope="module")
@@ -267,19 +272,26 @@ def _attach_strict(path, network):
         emulator.close()
 
 
-@pytest.mark.parametrize("backend", ["tensordump", "kbk_statistics"])
-def test_ascend_graph_backends_pair_an_unknown_accumulation_read_from_its_slicer_list(tmp_path, reference, backend):
-    """Run in MindSpore's accumulation order (emulated: the CPU graph has no ReorderGradAccumulation), the
-    micro-batch count read from the wrapper's slicer list pairs each backward with its micro-batch."""
-    order = ps.grad_accumulation(MICRO)
+@pytest.mark.parametrize("kind,backend", [("accumulation", "tensordump"), ("accumulation", "kbk_statistics"),
+                                          ("pipeline", "tensordump")])
+def test_ascend_graph_backends_pair_an_unknown_wrapper_read_from_its_slicer_list(tmp_path, reference, kind, backend):
+    """Run in the order MindSpore's scheduler gives (emulated: the CPU graph has neither ReorderGradAccumulation nor
+    pipeline stages), the micro-batch count and schedule read from the wrapper's structure pair each backward
+    with its micro-batch."""
+    if kind == "accumulation":
+        order, settings = ps.grad_accumulation(MICRO), {}
+    else:
+        order, settings = ps.one_f_one_b(0, 2, MICRO), {"pipeline_stages": 2}
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    network = wn.ScheduledMarkedAccumulation(mb.make_model(), MICRO, order, 1, folder=str(tmp_path / "source"))
+    network = wn.ScheduledMarked(mb.make_model(), MICRO, order, 1, kind, folder=str(tmp_path / "source"))
     assert not hasattr(network, "micro_size")
     emulator = AscendEmulator(parallel=True, latency=0.001)
-    emulator.parallel_context = {}
+    emulator.parallel_context = settings
     task = "statistics" if backend == "kbk_statistics" else "tensor"
     try:
         _capture(tmp_path / "dump", network, [mb.make_batch(MICRO)], {"backend": backend, "task": task}, emulator)
     finally:
         emulator.close()
+    with open(tmp_path / "dump" / fmt.RAW_ROOT / "rank0" / fmt.MANIFEST_FILE, encoding="utf-8") as handle:
+        assert json.load(handle)["micro_batches"] == MICRO
     _check_values(tmp_path / "dump", reference, task=task)

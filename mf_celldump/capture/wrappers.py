@@ -186,7 +186,7 @@ def _primitives(cell) -> List[object]:
 
 def _is_slicer(cell) -> bool:
     """A parameter-free cell without children holding a ``StridedSlice``: what a micro-batch slicer is."""
-    if cell.name_cells() or list(cell.get_parameters()):
+    if cell.name_cells() or next(iter(cell.get_parameters()), None) is not None:
         return False
     return any(type(prim).__name__ == "StridedSlice" for prim in _primitives(cell))
 

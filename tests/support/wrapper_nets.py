@@ -108,20 +108,24 @@ def two_model_step():
     return TwoModelStep(first, second, nn.SGD(params, 0.0))
 
 
-class ScheduledMarkedAccumulation(mb._Scheduled, nn.Cell):  # pylint: disable=protected-access
-    """The scheduled stand-in for an accumulation wrapper (``micro_batch_net._Scheduled``) of an unknown class
-    built like MindFormers' ``GradAccumulationCellWithMultiOutputs``: a ``micro_inputs`` list of MindSpore's
-    slicers carrying ``grad_accu_num``. The capture must read the count and schedule from that list."""
+class ScheduledMarked(mb._Scheduled, nn.Cell):  # pylint: disable=protected-access
+    """The scheduled stand-in (``micro_batch_net._Scheduled``) as a wrapper of an unknown class built like
+    MindFormers' ``GradAccumulationCellWithMultiOutputs`` (``kind`` "accumulation": slicers carrying
+    ``grad_accu_num``) or ``PipelineCellWithMultiOutputs`` ("pipeline": a ``pipeline_end`` Add). The capture
+    must read the count and schedule from that structure: no ``micro_size`` attribute, no known class."""
 
-    def __init__(self, network, micro_size, order, chunks, folder=""):
+    def __init__(self, network, micro_size, order, chunks, kind, folder=""):
         from mindspore.nn.wrap.cell_wrapper import _MicroBatch
 
         super().__init__(network, micro_size, order, chunks, folder)
         del self.micro_size  # nothing by name: only the slicer list says how many
         self.micro_inputs = nn.CellList()
-        for _ in range(micro_size):
+        for i in range(micro_size):
             slicer = _MicroBatch(micro_size)
-            slicer.strided_slice.add_prim_attr("grad_accu_num", micro_size)
+            if kind == "accumulation":
+                slicer.strided_slice.add_prim_attr("grad_accu_num", micro_size)
+            else:
+                self.add = ops.Add().add_prim_attr("pipeline_end", i)
             self.micro_inputs.append(slicer)
 
 
