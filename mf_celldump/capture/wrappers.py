@@ -23,8 +23,9 @@ refused. The first cell without machinery is the model. A cell that only forward
 (``WithLossCell``, MindFormers' ``DataOrderWrapperCell``) looks like a model whose
 parameters sit in one child, so those two, and MindSpore's own micro-batch wrappers
 (whose subclasses may be built differently), are a fast path by class. A cell whose
-``construct`` calls its parameter-holding child in a loop but has no slicer list is a
-micro-batch loop that cannot be read: refused, never taken for the model.
+``construct`` calls its parameter-holding child in a loop on slices of its input but has
+no slicer list is a micro-batch loop that cannot be read: refused, never taken for the
+model (a loop feeding a layer its own output, ``x = self.layer(x)``, is a model's).
 """
 
 from __future__ import annotations
@@ -268,8 +269,21 @@ def _single_holder(cell) -> Optional[str]:
     return holders[0] if _param_ids(cell) == _param_ids(cell.name_cells()[holders[0]]) else None
 
 
-def _calls_in_loop(construct, attr: str) -> bool:
-    """True when ``construct``'s source calls ``self.<attr>(...)`` inside a ``for`` or ``while`` loop."""
+def _slices_input(argument: ast.AST, loop_names: set) -> bool:
+    """True when ``argument`` takes a slice (``x[a:b]``) or an item picked by the loop (``parts[i]``)."""
+    for node in ast.walk(argument):
+        if not isinstance(node, ast.Subscript):
+            continue
+        if isinstance(node.slice, ast.Slice):
+            return True
+        if any(isinstance(name, ast.Name) and name.id in loop_names for name in ast.walk(node.slice)):
+            return True
+    return False
+
+
+def _slices_in_loop(construct, attr: str) -> bool:
+    """True when ``construct``'s source calls ``self.<attr>(...)`` inside a ``for`` or ``while`` loop on a slice of
+    something (a micro-batch loop); a call on the loop's own result (``x = self.layer(x)``) is a model's loop."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(construct)))
     except (OSError, TypeError, SyntaxError):
@@ -277,23 +291,27 @@ def _calls_in_loop(construct, attr: str) -> bool:
     for loop in ast.walk(tree):
         if not isinstance(loop, (ast.For, ast.While)):
             continue
+        loop_names = {node.id for node in ast.walk(loop.target)
+                      if isinstance(node, ast.Name)} if isinstance(loop, ast.For) else set()
         for node in ast.walk(loop):
             func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
             if (isinstance(func, ast.Attribute) and func.attr == attr and isinstance(func.value, ast.Name)
-                    and func.value.id == "self"):
+                    and func.value.id == "self"
+                    and any(_slices_input(arg, loop_names) for arg in list(node.args) + list(node.keywords))):
                 return True
     return False
 
 
 def _refuse_unreadable_loop(cell, where: str) -> None:
-    """A machinery-free cell that runs the one child holding its parameters in a loop cuts micro-batches (or
-    sequence chunks) in a way that cannot be read: refused rather than taken for the model."""
+    """A machinery-free cell that runs the one child holding its parameters in a loop on slices of its input cuts
+    micro-batches (or sequence chunks) in a way that cannot be read: refused rather than taken for the model."""
     attr = _single_holder(cell)
-    if attr is None or not _calls_in_loop(getattr(cell, "construct", None), attr):
+    if attr is None or not _slices_in_loop(getattr(cell, "construct", None), attr):
         return
     raise WrapperError(f"{type(cell).__name__} {_place(where)} calls {attr} ({type(getattr(cell, attr)).__name__}, "
-                       "which holds all its parameters) in a loop, without a micro-batch slicer list: it runs the "
-                       "model several times per step in a way mf_celldump cannot read (how many times, on which "
+                       "which holds all its parameters) in a loop on slices of its input, without a micro-batch "
+                       "slicer list: it runs the model several times per step in a way mf_celldump cannot read (how "
+                       "many times, on which "
                        f"part of the batch), so calls and gradients could not be paired; {_what_to_do()}")
 
 
