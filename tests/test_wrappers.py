@@ -295,3 +295,32 @@ def test_ascend_graph_backends_pair_an_unknown_wrapper_read_from_its_slicer_list
     with open(tmp_path / "dump" / fmt.RAW_ROOT / "rank0" / fmt.MANIFEST_FILE, encoding="utf-8") as handle:
         assert json.load(handle)["micro_batches"] == MICRO
     _check_values(tmp_path / "dump", reference, task=task)
+
+
+def test_the_whole_chain_a_mindformers_run_builds_is_peeled_to_the_model():
+    """Data sink's ``_DataWrapper`` > ``MFTrainOneStepCell`` (clipping, its own parameters) > virtual dataset >
+    accumulation > ``DataOrderWrapperCell`` > a MindFormers LLaMA: built (not run), each layer read by structure."""
+    from mindformers.core.optim import AdamW
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers.wrapper.wrapper import MFTrainOneStepCell
+    from mindspore.train.dataset_helper import _DataWrapper
+
+    from mf_celldump.capture.wrappers import peel
+
+    wn.set_mode("graph")
+    llama = LlamaForCausalLM(LlamaConfig(batch_size=2, seq_length=8, hidden_size=16, num_layers=1, num_heads=2,
+                                         vocab_size=32, intermediate_size=32, use_flash_attention=False,
+                                         compute_dtype="float32", param_init_type="float32",
+                                         layernorm_compute_type="float32", softmax_compute_type="float32",
+                                         rotary_dtype="float32", checkpoint_name_or_path=""))
+    inner = _VirtualDatasetCell(GradAccumulationCellWithMultiOutputs(DataOrderWrapperCell(["input_ids"], llama), 4))
+    step = MFTrainOneStepCell(inner, AdamW(llama.trainable_params()), use_clip_grad=True)
+    sink = _DataWrapper(step, [ms.int32], [(8, 9)], "queue")
+    peeled = peel(sink)
+    assert peeled.model is llama
+    assert [(layer.where, layer.class_name, layer.kind, layer.count) for layer in peeled.layers] == [
+        ("", "_DataWrapper", "dataset", 1),
+        ("network", "MFTrainOneStepCell", "training", 1),
+        ("network.network", "_VirtualDatasetCell", "dataset", 1),
+        ("network.network._backbone", "GradAccumulationCellWithMultiOutputs", "gradient accumulation", 4),
+        ("network.network._backbone.network", "DataOrderWrapperCell", "forwarding", 1)]
