@@ -186,6 +186,7 @@ def test_sequence_split_is_refused_at_attach_with_the_reason(tmp_path, mode):
         mf_celldump.attach(network, {"dump_path": str(tmp_path), "backend": "host"})
     text = str(caught.value)
     assert "SequenceSplit at 'network'" in text and "sequence axis" in text and "seq_split_num: 1" in text
+    assert not (tmp_path / fmt.RAW_ROOT).exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
