@@ -6,8 +6,10 @@ inference"). Under gradient accumulation and pipeline schedules every captured c
 runs once per micro-batch per call site, micro-batches have equal shapes, and the
 backward of micro-batch k runs after its forward, between later forwards. So processing
 needs the number of micro-batches and the order their backward runs in; this module
-finds both at attach, from the training wrappers and MindSpore's parallel settings, and
-the manifest records them (``micro_batches``).
+finds both at attach, from the training wrappers (found by what they hold,
+``capture/wrappers.py``: the micro-batch count is the length of their slicer list, the
+schedule the marks MindSpore's passes read) and MindSpore's parallel settings, and the
+manifest records them (``micro_batches``).
 
 What the order rests on (MindSpore sources, repository mindspore-ai/mindspore):
 
@@ -41,16 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
-# Training wrappers that run the network once per micro-batch, and the attribute counting them.
-MICRO_BATCH_WRAPPERS = {
-    "PipelineCell": "micro_size",  # mindspore.nn and mindspore.parallel.nn (Pipeline derives from it)
-    "PipelineCellWithTwoOutput": "micro_size",  # MindFormers
-    "GradAccumulationCell": "micro_size",
-    "GradAccumulation": "micro_size",
-    "GradAccumulationCellWithTwoOutput": "micro_size",  # MindFormers
-    "MicroBatchInterleaved": "interleave_num",
-}
-GRAD_ACCUMULATION_WRAPPERS = ("GradAccumulationCell", "GradAccumulation", "GradAccumulationCellWithTwoOutput")
+from mf_celldump.capture.wrappers import ACCUMULATION, INTERLEAVE, MICRO_BATCH_KINDS, UNMARKED, Layer
+
 ORDERED_SCHEDULERS = ("1f1b", "gpipe")
 SEMI_AUTO_MODES = ("semi_auto_parallel", "auto_parallel")
 
@@ -108,24 +102,21 @@ class MicroBatches:
                 "where MindSpore runs micro-batches in order")
 
 
-def _wrappers(chain: Sequence[object]) -> List[tuple]:
-    """(class name, micro-batch count) of each micro-batch wrapper in ``chain``."""
-    found = []
-    for cell in chain:
-        for klass in type(cell).__mro__:
-            attr = MICRO_BATCH_WRAPPERS.get(klass.__name__)
-            if attr is not None:
-                count = getattr(cell, attr, 1)
-                found.append((klass.__name__, count if isinstance(count, int) and count > 0 else 1))
-                break
-    return found
+def _wrappers(layers: Sequence[Layer]) -> List[Layer]:
+    """The wrappers among ``layers`` that run the network once per micro-batch."""
+    return [layer for layer in layers if layer.kind in MICRO_BATCH_KINDS and layer.count > 1]
 
 
-def _why_unordered(wrappers: List[tuple], settings: ParallelSettings) -> Optional[str]:
-    names = [name for name, _ in wrappers]
-    if "MicroBatchInterleaved" in names:
-        return ("MicroBatchInterleaved runs its slices as parallel branches (only their communication is ordered, "
+def _why_unordered(wrappers: List[Layer], settings: ParallelSettings) -> Optional[str]:
+    kinds = {layer.kind for layer in wrappers}
+    if INTERLEAVE in kinds:
+        named = ", ".join(layer.class_name for layer in wrappers if layer.kind == INTERLEAVE)
+        return (f"{named} runs its slices as parallel branches (only their communication is ordered, "
                 "micro_interleaved_order_control.cc); set micro_batch_interleave_num to 1 for the captured run")
+    if UNMARKED in kinds:
+        named = ", ".join(layer.class_name for layer in wrappers if layer.kind == UNMARKED)
+        return (f"{named} slices micro-batches without the marks MindSpore's passes order them by (grad_accu_num "
+                "on its slices, a pipeline_end or forward_end Add), so their backward are independent branches")
     if settings.parallel_mode not in SEMI_AUTO_MODES:
         return (f"parallel_mode is {settings.parallel_mode}: no MindSpore pass orders the micro-batches, whose "
                 "backward are independent branches")
@@ -134,21 +125,21 @@ def _why_unordered(wrappers: List[tuple], settings: ParallelSettings) -> Optiona
             return (f"pipeline_scheduler {settings.pipeline_scheduler!r} splits micro-batches or their backward "
                     f"further; {' and '.join(ORDERED_SCHEDULERS)} run them in order")
         return None
-    if not any(name in GRAD_ACCUMULATION_WRAPPERS for name in names):
+    if ACCUMULATION not in kinds:
         return ("with pipeline_stages 1 only gradient accumulation (GradAccumulation) is ordered by MindSpore "
                 "(grad_accumulation_utils.cc ReorderGradAccumulation)")
     return None
 
 
-def detect(chain: Sequence[object], settings: ParallelSettings) -> MicroBatches:
-    """The micro-batches of a network whose wrapper chain (outermost first) is ``chain``."""
-    wrappers = _wrappers(chain)
+def detect(layers: Sequence[Layer], settings: ParallelSettings) -> MicroBatches:
+    """The micro-batches of a network whose wrappers (outermost first, ``wrappers.peel``) are ``layers``."""
+    wrappers = _wrappers(layers)
     count = 1
-    for _, each in wrappers:
-        count *= each
+    for layer in wrappers:
+        count *= layer.count
     if count <= 1:
         return MicroBatches(1, None, "no micro-batches")
-    source = ", ".join(f"{name}({each})" for name, each in wrappers)
+    source = ", ".join(layer.describe() for layer in wrappers)
     source += (f" under {settings.parallel_mode}, pipeline_stages {settings.pipeline_stages}, scheduler "
                f"{settings.pipeline_scheduler}{' (interleaved)' if settings.pipeline_interleave else ''}")
     return MicroBatches(count, _why_unordered(wrappers, settings), source)

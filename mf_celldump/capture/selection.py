@@ -2,7 +2,8 @@
 
 Names are the user model's own: training wrappers around the model (TrainOneStepCell,
 MindFormers' wrappers, ``_VirtualDatasetCell``, pipeline / gradient-accumulation /
-micro-batch wrappers, WithLossCell) are peeled off first, and the remaining model's
+micro-batch wrappers, WithLossCell; found by what they hold, ``capture/wrappers.py``)
+are peeled off first, and the remaining model's
 ``cells_and_names()`` gives the names. So ``LlamaForCausalLM`` inside
 ``MFTrainOneStepCell`` yields ``model.layers.0.attention.wq`` (not
 ``network.model.layers...``), the same with or without wrappers. The model root itself
@@ -19,33 +20,12 @@ from typing import List, Optional, Tuple
 
 from mf_celldump.capture.construct import construct_params
 from mf_celldump.capture.parameters import weight_names
+from mf_celldump.capture.wrappers import is_wrapper, peel
 from mf_celldump.config import DumpConfig
 from mf_celldump.rawformat.manifest import CellRecord
 
 logger = logging.getLogger(__name__)
 
-# Training wrappers and the attribute that holds what they wrap.
-WRAPPER_CLASSES = {
-    "TrainOneStepCell": "network",
-    "TrainOneStepWithLossScaleCell": "network",
-    "MFTrainOneStepCell": "network",
-    "MFPipelineWithLossScaleCell": "network",
-    "PipelineCell": "network",
-    "PipelineGradReducer": "network",
-    "GradAccumulationCell": "network",
-    "GradAccumulation": "network",
-    "MicroBatchInterleaved": "network",
-    "_MicroBatch": "network",
-    "_VirtualDatasetCell": "_backbone",
-    "WithLossCell": "_backbone",
-    "WithGradCell": "network",
-    "_DataWrapper": "network",
-    "DataOrderWrapperCell": "network",  # MindFormers 1.x puts it around the model
-    "_TrainGradAccuStepCell": "network",
-    "_TrainPipelineAccuStepCell": "network",
-    "PipelineCellWithTwoOutput": "network",  # MindFormers' pipeline and accumulation wrappers
-    "GradAccumulationCellWithTwoOutput": "network",
-}
 SKIPPED_NAMES = ("grad_reducer",)
 
 
@@ -69,34 +49,15 @@ class SelectedCell:
         return self.record.params
 
 
-def is_wrapper(cell) -> bool:
-    """True for training wrappers whose inner network is the thing to name."""
-    for klass in type(cell).__mro__:
-        attr = WRAPPER_CLASSES.get(klass.__name__)
-        if attr is not None and hasattr(cell, attr):
-            return True
-    return False
-
-
 def wrapper_chain(network) -> List[object]:
-    """``network`` and the training wrappers inside it, outermost first, ending with the user model."""
-    chain, seen = [network], {id(network)}
-    while True:
-        inner = None
-        for klass in type(chain[-1]).__mro__:
-            attr = WRAPPER_CLASSES.get(klass.__name__)
-            if attr is not None:
-                inner = getattr(chain[-1], attr, None)
-                break
-        if inner is None or id(inner) in seen:
-            return chain
-        seen.add(id(inner))
-        chain.append(inner)
+    """``network`` and the training wrappers inside it, outermost first, ending with the user model
+    (``capture/wrappers.py`` finds them by what they hold; raises ``WrapperError`` for one it cannot read)."""
+    return peel(network).chain
 
 
 def unwrap(network):
     """Peel training wrappers off ``network``; returns the user model."""
-    return wrapper_chain(network)[-1]
+    return peel(network).model
 
 
 def _definition_site(cell) -> Tuple[str, str, int]:

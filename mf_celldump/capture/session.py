@@ -36,7 +36,8 @@ from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
-from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap, wrapper_chain
+from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
+from mf_celldump.capture.wrappers import WrapperError, peel
 from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.errors import AttachError, StepError
 from mf_celldump.fsutil import writable_dir_problem
@@ -221,7 +222,7 @@ class CellDump:
         capture whose order MindSpore does not fix is refused here, before training."""
         if not self.backend.pairs_backward_by_order:
             return None
-        found = detect_micro_batches(wrapper_chain(self.network), self.backend.parallel_settings())
+        found = detect_micro_batches(peel(self.network).layers, self.backend.parallel_settings())
         if found.count > 1:
             logger.info("micro-batches: %s", found.source)
         if self.config.captures_backward and not found.in_order:
@@ -452,7 +453,10 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
 
     if not isinstance(network, nn.Cell):
         raise AttachError(f"attach() needs a mindspore.nn.Cell, got {type(network).__name__}")
-    model = unwrap(network)
+    try:
+        model = unwrap(network)
+    except WrapperError as err:
+        raise AttachError(str(err)) from None
     existing = find_attached(network)
     if existing is not None:
         raise AttachError(

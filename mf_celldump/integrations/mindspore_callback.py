@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from mf_celldump.capture.selection import unwrap
+from mf_celldump.capture.wrappers import WrapperError
 from mf_celldump.integrations.run import TrainingRun
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,15 @@ def initial_step_offset(params, owner) -> int:
     return dataset_init_step(param(params, "train_dataset"))
 
 
+def _same_model(attached, network) -> bool:
+    """True when ``network`` wraps the model the dump is attached to; a wrapper that cannot be read is
+    not the same (re-attaching then refuses it with the reason)."""
+    try:
+        return unwrap(attached) is unwrap(network)
+    except WrapperError:
+        return False
+
+
 class MindSporeAdapter:
     """Typed MindSpore callback hooks; ``owner`` is the callback object MindSpore holds."""
 
@@ -77,7 +87,7 @@ class MindSporeAdapter:
         self.last_step_num = start
         first_step = start + self.step_offset
         dump = run.dump
-        if dump is not None and unwrap(dump.network) is not unwrap(network):
+        if dump is not None and not _same_model(dump.network, network):
             logger.warning("mf_celldump: capture was attached at compile time to %s but training runs %s; "
                            "re-attaching to the training network", type(dump.model).__name__,
                            type(network).__name__)
