@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 from mf_celldump.analysis.compare import msprobe_rules
 from mf_celldump.analysis.compare.coverage import measure_coverage
 from mf_celldump.analysis.compare.errors import CompareInputError
-from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, load_unit
+from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, Warnings, load_unit
 from mf_celldump.analysis.compare.report import (
     NONE,
     PYTORCH,
@@ -102,15 +102,16 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
     mapping: Optional[LayerMapping] = None
     view = None
     frameworks = tasks = ("", "")
+    warnings = Warnings()
     for unit in units:
-        classes = load_unit(store, unit)
+        classes = load_unit(store, unit, warnings)
         if mapping is None:
             frameworks = (unit.target.framework, unit.baseline.framework)
             tasks = (unit.target.task, unit.baseline.task)
             mapping = _mapping(request.mapping, set(classes.values()), frameworks)
             view = MsprobeView(mapping)
         options = PairOptions(request.thresholds, request.qkv_groups, msprobe_rules.dump_mode(*tasks))
-        UnitPairer(store, view, classes, unit, options).run(request.progress)
+        UnitPairer(store, view, classes, unit, options, warnings).run(request.progress)
         store.reset_unit()
     return CompareResult(
         request=request,
@@ -124,6 +125,7 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
         coverage=measure_coverage(store, request.min_coverage),
         crc=crc_summary(store),
         csv_path=os.path.join(request.output, "compare_pairs.csv"),
+        warnings=warnings.lines(),
     )
 
 

@@ -74,7 +74,7 @@ def measure_pair(
         )
     t_stats = stat_records.record_stats(record) if ours is None else stat_records.array_stats(ours)
     b_stats = stat_records.array_stats(theirs) if plan.partial else stat_records.record_stats(base_record)
-    elements = int(np.prod(shape)) if shape else None
+    elements = math.prod(int(d) for d in shape) if shape else None  # Python ints: no overflow
     result = metrics.stats_metrics(t_stats, b_stats, elements, limits, exact)
     measured = Measured(result, STATISTICS, t_stats, b_stats, crc)
     if math.isinf(result.stat_rel):

@@ -362,6 +362,7 @@ class CompareResult:
     plot_path: Optional[str] = None
     plot_note: str = ""
     html_path: Optional[str] = None
+    warnings: List[str] = field(default_factory=list)  # input read but not what a dump holds, named
 
     @property
     def compared(self) -> int:

@@ -33,6 +33,7 @@ def header(result: CompareResult) -> Dict[str, Any]:
         "verdict": result.verdict,
         "headline": headline(result),
         "advice": advice(result),
+        "warnings": result.warnings,
     }
 
 
@@ -133,6 +134,7 @@ def format_summary(result: CompareResult) -> str:
     lines.extend(_divergence_lines(result))
     lines.extend(weight_lines(result))
     lines.extend(crc_lines(result.crc))
+    lines.extend(f"warning: {item}" for item in result.warnings)
     lines.extend(f"check: {item}" for item in advice(result))
     lines.append(f"output:   {result.request.output}/")
     lines.append(f"table:    {result.csv_path}")
