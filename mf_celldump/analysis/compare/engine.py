@@ -14,7 +14,7 @@ import os
 import tempfile
 from typing import List, Optional, Sequence, Tuple
 
-from mf_celldump.analysis.compare import msprobe_rules
+from mf_celldump.analysis.compare import msprobe_rules, verdicts
 from mf_celldump.analysis.compare.coverage import measure_coverage
 from mf_celldump.analysis.compare.errors import CompareInputError
 from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, Warnings, load_unit
@@ -126,6 +126,10 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
         crc=crc_summary(store),
         csv_path=os.path.join(request.output, "compare_pairs.csv"),
         warnings=warnings.lines(),
+        factors=verdicts.common_factors(store),
+        weight_timing=verdicts.weight_timing(store),
+        diverged_directions=[r[0] for r in store.query(
+            "select distinct direction from pairs where kind = 'activation' and status = 'diverged'")],
     )
 
 

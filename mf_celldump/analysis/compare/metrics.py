@@ -44,6 +44,11 @@ class PairMetrics:
     one_thousandth_ratio: float = math.nan
     five_thousandths_ratio: float = math.nan
     stat_rel: float = math.nan
+    # The one factor that best maps the baseline onto the target (least squares; for statistics, the ratio of
+    # the norms), and what is left after it: rel_err (tensors) or stat_rel (statistics) of target vs factor x
+    # baseline. A gradient clipped, loss-scaled or summed for a mean differs from its baseline by one factor.
+    factor: float = math.nan
+    factor_rel: float = math.nan
     diverged: bool = False
     note: str = ""
 
@@ -73,6 +78,10 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds,
         result.one_thousandth_ratio, result.five_thousandths_ratio = _error_ratios(diff, magnitude)
     result.rel_err = result.euc_dist / norm_b if norm_b > TINY else (0.0 if norm_t <= TINY else math.inf)
     result.cosine = _cosine(t, b, norm_t, norm_b)
+    if not exact and norm_b > TINY and norm_t > TINY:
+        result.factor = float(np.dot(t, b)) / (norm_b * norm_b)
+        if result.factor != 0.0:
+            result.factor_rel = float(np.linalg.norm(t - result.factor * b)) / (abs(result.factor) * norm_b)
     if exact:
         result.diverged = result.diverged or bool(result.max_abs_err and result.max_abs_err > 0)
     elif not _within_abs(result.max_abs_err, limits):
@@ -140,7 +149,24 @@ def stats_metrics(
     result.stat_rel = worst
     noise = not exact and math.isfinite(worst) and _within_abs(largest, limits)
     result.diverged = not noise and worst > (0.0 if exact else limits.stat_rel)
+    _stats_factor(result, target, baseline, elements, exact)
     return result
+
+
+def _stats_factor(result: PairMetrics, target, baseline, elements, exact: bool) -> None:
+    """The ratio of the norms, and how far the other statistics are from the baseline's times it."""
+    norm_t, norm_b = target.get("Norm"), baseline.get("Norm")
+    if exact or not (norm_t and norm_b and math.isfinite(norm_t) and math.isfinite(norm_b) and norm_b > TINY):
+        return
+    factor = norm_t / norm_b
+    scaled = {key: (value * factor if value is not None else None) for key, value in baseline.items()}
+    worst = 0.0
+    for key in STATS:
+        a, b = target.get(key), scaled.get(key)
+        if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        worst = max(worst, abs(a - b) / _scale(key, a, b, target, scaled, elements))
+    result.factor, result.factor_rel = factor, worst
 
 
 def _scale(key, a, b, target, baseline, elements) -> float:

@@ -351,6 +351,7 @@ def _measured_row(row, measured: Measured, limits: Thresholds) -> Dict[str, Any]
     result = measured.metrics
     row.update(result.columns())
     row["score"] = score(result, limits)
+    row["factor_tol"] = limits.stat_rel if measured.basis == "statistics" else limits.rel_err
     for side, stats in (("target", measured.target_stats), ("baseline", measured.baseline_stats)):
         row.update({f"{side}_{key.lower()}": value for key, value in stats.items()})
     for key in ("max", "min", "mean", "norm"):
