@@ -83,10 +83,11 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         parser.add_argument(
             f"--{side}-tp",
             type=int,
-            default=1,
+            default=None,
             metavar="N",
             help=f"the {side} is tensor-parallel over N ranks: merge each group of N consecutive rank folders "
-            "before comparing (shard rules: docs/compare.md); --ranks then selects the merged groups",
+            "before comparing (shard rules: docs/compare.md); --ranks then selects the merged groups. Default: "
+            "the size capture recorded in the dump (mf_celldump_parallel), else 1",
         )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run_compare)
@@ -95,9 +96,11 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_compare(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
-    sizes = shards.ShardSizes(args.target_tp, args.baseline_tp)
     report = None
     try:
+        sizes = shards.ShardSizes(*(shards.recorded_tp(path) if given is None else given
+                                    for path, given in ((args.target, args.target_tp),
+                                                        (args.baseline, args.baseline_tp))))
         request = _request(args)
         if sizes.target < 1 or sizes.baseline < 1:
             raise ValueError(f"--target-tp {sizes.target} / --baseline-tp {sizes.baseline}: give positive numbers")
