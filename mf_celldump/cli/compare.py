@@ -61,7 +61,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         default=[],
         metavar="[DTYPE.]KEY=VALUE",
         help="override a threshold: cosine (0 to 1), rel_err, stat_rel, abs_err (0 or more; abs_err: a pair "
-        "differing by no more than it is within, off by default); e.g. cosine=0.9999, bfloat16.rel_err=0.05; "
+        "differing by no more than it is within; default: each pair's rounding-noise bound, 0: off); "
+        "e.g. cosine=0.9999, bfloat16.rel_err=0.05; "
         "DTYPE: float64, float32, float16, bfloat16, int (exact)",
     )
     parser.add_argument(

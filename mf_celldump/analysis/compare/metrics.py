@@ -6,8 +6,9 @@ own columns: Euclidean distance ||target - baseline||, and the share of elements
 relative error is below 1/1000 and 5/1000 (msprobe 26.2's ``One Thousandth Err Ratio``
 and ``Five Thousandths Err Ratio``: |t - b| / |b|, a zero baseline element counted with
 the float epsilon added to both sides). A pair diverges when cosine is below ``cosine``
-or ``rel_err`` above ``rel_err``, unless no element differs by more than ``abs_err`` (off by
-default); integer and bool tensors must match exactly; non-finite values diverge unless both
+or ``rel_err`` above ``rel_err``, unless no element differs by more than the pair's rounding-noise
+bound (``noise``; ``abs_err`` given by hand replaces it); integer and bool tensors must match
+exactly; non-finite values diverge unless both
 sides have the same ones at the same places.
 
 Statistics pairs (when a side has no tensor data): ``stat_rel`` = the largest relative
@@ -57,7 +58,9 @@ class PairMetrics:
         return {key: value for key, value in vars(self).items() if key not in ("diverged", "note")}
 
 
-def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds, exact: bool) -> PairMetrics:
+def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds, exact: bool,
+                   noise: float = 0.0) -> PairMetrics:
+    """``noise``: the pair's rounding-noise bound (``noise.bound``), used unless ``abs_err`` is given by hand."""
     t = np.asarray(target, dtype=np.float64).ravel()
     b = np.asarray(baseline, dtype=np.float64).ravel()
     result = PairMetrics()
@@ -84,13 +87,19 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds,
             result.factor_rel = float(np.linalg.norm(t - result.factor * b)) / (abs(result.factor) * norm_b)
     if exact:
         result.diverged = result.diverged or bool(result.max_abs_err and result.max_abs_err > 0)
-    elif not _within_abs(result.max_abs_err, limits):
+    elif not within_noise(result.max_abs_err, limits, noise):
         result.diverged = result.diverged or result.cosine < limits.cosine or result.rel_err > limits.rel_err
     return result
 
 
-def _within_abs(max_abs_err: float, limits: Thresholds) -> bool:
-    return limits.abs_err > 0 and math.isfinite(max_abs_err) and max_abs_err <= limits.abs_err
+def noise_floor(limits: Thresholds, noise: float) -> float:
+    """The absolute difference a pair may have as rounding noise: ``abs_err`` given by hand, else its bound."""
+    return noise if limits.abs_err is None else limits.abs_err
+
+
+def within_noise(max_abs_err: float, limits: Thresholds, noise: float) -> bool:
+    floor = noise_floor(limits, noise)
+    return floor > 0 and math.isfinite(max_abs_err) and max_abs_err <= floor
 
 
 def _cosine(t: np.ndarray, b: np.ndarray, norm_t: float, norm_b: float) -> float:
@@ -132,6 +141,7 @@ def stats_metrics(
     elements: Optional[int],
     limits: Thresholds,
     exact: bool,
+    noise: float = 0.0,
 ) -> PairMetrics:
     """Verdict from statistics alone: the largest relative difference of Max, Min, Mean and Norm."""
     result = PairMetrics()
@@ -147,8 +157,8 @@ def stats_metrics(
         relative = abs(a - b) / _scale(key, a, b, target, baseline, elements)
         worst, largest = max(worst, relative), max(largest, abs(a - b))
     result.stat_rel = worst
-    noise = not exact and math.isfinite(worst) and _within_abs(largest, limits)
-    result.diverged = not noise and worst > (0.0 if exact else limits.stat_rel)
+    rounding = not exact and math.isfinite(worst) and within_noise(largest, limits, noise)
+    result.diverged = not rounding and worst > (0.0 if exact else limits.stat_rel)
     _stats_factor(result, target, baseline, elements, exact)
     return result
 

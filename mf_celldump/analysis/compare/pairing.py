@@ -22,9 +22,10 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from tqdm import tqdm
 
-from mf_celldump.analysis.compare import msprobe_rules, transforms
+from mf_celldump.analysis.compare import msprobe_rules, noise, transforms
 from mf_celldump.analysis.compare.errors import CompareInputError
 from mf_celldump.analysis.compare.measure import Measured, measure_pair
+from mf_celldump.analysis.compare.metrics import noise_floor
 from mf_celldump.analysis.compare.sources import Unit
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.thresholds import EXACT, Thresholds, thresholds_for
@@ -149,6 +150,8 @@ class UnitPairer:
         self.not_plotted = enclosing_groups(classes)
         self._resolved: Dict[str, Tuple[str, CompareRules]] = {}
         self._groups: Dict[str, Optional[int]] = {}
+        self._depth, self._last_layer = 0, None  # steps between depth groups so far (noise.bound's D)
+        self._scale = noise.EntryScale()
 
     def run(self, show_progress: bool = True) -> int:
         rows: List[Dict[str, Any]] = []
@@ -188,6 +191,9 @@ class UnitPairer:
         base_cell, rules = self.resolve(cell, cls)
         found = self.store.base_entry(base_cell, direction, ordinal)
         layer = layer_of(cell)
+        if layer != self._last_layer:
+            self._depth, self._last_layer = self._depth + 1, layer
+        self._scale = noise.entry_scale((body, found[1] if found else None), direction)
         common = {
             "step": self.unit.step,
             "rank": self.unit.rank,
@@ -252,8 +258,11 @@ class UnitPairer:
         exact = limits == self.options.thresholds[EXACT]
         if plan.split is not None and plan.split.kind == "qkv":
             plan = transforms.Plan(plan.rules, plan.use_split, plan.use_act, plan.weight, self.qkv_groups(base_cell))
+        bound = noise.bound((row["dtype"], row["baseline_dtype"]), self._depth, self._scale)
+        row["noise_bound"] = bound
         try:
-            measured = measure_pair(self.unit.target, record, self.unit.baseline, base_record, plan, limits, exact)
+            measured = measure_pair(self.unit.target, record, self.unit.baseline, base_record, plan, limits, exact,
+                                    bound)
         except transforms.NotComparable as err:
             return dict(row, status="skipped", skip_class=NOT_COMPARABLE, reason=str(err))
         return _measured_row(row, measured, limits)
@@ -350,7 +359,7 @@ def _describe(record: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 def _measured_row(row, measured: Measured, limits: Thresholds) -> Dict[str, Any]:
     result = measured.metrics
     row.update(result.columns())
-    row["score"] = score(result, limits)
+    row["score"] = score(result, limits, row.get("noise_bound") or 0.0)
     row["factor_tol"] = limits.stat_rel if measured.basis == "statistics" else limits.rel_err
     for side, stats in (("target", measured.target_stats), ("baseline", measured.baseline_stats)):
         row.update({f"{side}_{key.lower()}": value for key, value in stats.items()})
@@ -364,7 +373,7 @@ def _measured_row(row, measured: Measured, limits: Thresholds) -> Dict[str, Any]
     return row
 
 
-def score(result, limits: Thresholds) -> float:
+def score(result, limits: Thresholds, bound: float = 0.0) -> float:
     """The largest ratio of a metric to its threshold (above 1: diverged): one scale for every dtype."""
     ratios = []
     for value, limit in ((1.0 - result.cosine, 1.0 - limits.cosine), (result.rel_err, limits.rel_err),
@@ -372,6 +381,9 @@ def score(result, limits: Thresholds) -> float:
         if value == value:  # not NaN
             ratios.append(value / limit if limit > 0 else (math.inf if value > 0 else 0.0))
     worst = max(ratios, default=0.0)
+    if not result.diverged and worst > 1.0:  # within as rounding noise: how close to its bound it came
+        floor = noise_floor(limits, bound)
+        return result.max_abs_err / floor if floor > 0 and result.max_abs_err == result.max_abs_err else 1.0
     return math.inf if result.diverged and worst <= 1.0 else worst  # non-finite values that differ
 
 

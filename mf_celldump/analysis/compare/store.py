@@ -46,6 +46,7 @@ PAIR_COLUMNS = (
     "factor",
     "factor_rel",
     "factor_tol",
+    "noise_bound",
     "target_max",
     "target_min",
     "target_mean",
