@@ -77,3 +77,20 @@ def test_a_statistics_dump_says_it_cannot_show_a_layout(tmp_path):
     code, result, err = run_cli(tmp_path / "tp2", tmp_path / "tp1", "--target-tp", "2", "-o", tmp_path / "out")
     said = result["shards"]["target"]["inference_note"] if result else err
     assert "a statistics dump cannot show a cell's layout" in said, (code, err)
+
+
+def test_the_tensor_parallel_size_capture_records(tmp_path, monkeypatch):
+    """replica_groups' model_parallel first, else MindFormers' config on the model; MindSpore's auto-parallel
+    mode beside it; nothing known: nothing recorded."""
+    monkeypatch.chdir(tmp_path)  # MindFormers writes its log folder into the working folder
+    from mindformers.parallel_core.transformer_config import TransformerConfig
+
+    from mf_celldump.capture.parallel_layout import parallel_layout
+
+    class Holder:  # what capture reads of a MindFormers model: its ``config``
+        config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, tensor_model_parallel_size=2)
+
+    assert parallel_layout(1, Holder(), "semi_auto_parallel") == {
+        "tensor_parallel": 2, "source": "MindFormers parallel_config", "parallel_mode": "semi_auto_parallel"}
+    assert parallel_layout(4, Holder(), "stand_alone") == {"tensor_parallel": 4, "source": "replica_groups"}
+    assert parallel_layout(1, object(), "stand_alone") is None

@@ -10,6 +10,7 @@ msrun job and one single-rank run, shared by every test here.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from mf_celldump.analysis.compare.shards import RuleBook
 from mf_celldump.layout.reader import DumpJson, find_rank_dumps
 from mf_celldump.mapping import resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
+from tests.support.msprobe_cli import run_msprobe
 from tests.support.msrun import MSRUN, msrun_env, run_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MSRUN is None, reason="msrun is not installed next to this Python")]
@@ -179,3 +181,7 @@ def test_the_layout_recorded_at_capture_needs_no_target_tp(runs, tmp_path):
     code, result, err = compare(runs, tmp_path, runs / "tp2", runs / "single", "--steps", "0")
     assert code == 0, err
     assert result["shards"]["target"]["tp"] == 2 and result["shards"]["baseline"]["tp"] == 1
+    # msprobe reads the head with the layout in it: one result per rank
+    run_msprobe("compare", "-tp", str(runs / "tp2" / "step1"), "-gp", str(runs / "tp2" / "step0"),
+                "-o", str(tmp_path / "msprobe"))
+    assert len(glob.glob(str(tmp_path / "msprobe" / "compare_result_rank*.csv"))) == 2
