@@ -4,7 +4,7 @@ A pair of LLaMA-shaped tensor dumps in msprobe's layout (``step0/rank/dump.json`
 per line, ``construct.json``, ``stack.json``, ``dump_tensor_data/*.npy`` of 64x64 float32)
 is written for each size (number of tensor files per dump); the target differs from the
 baseline by a small perturbation from the middle layer on. Each command runs in its own
-process, ``--repeat`` times interleaved (fastest wall time kept; the machine may be
+process, ``--repeat`` times interleaved (the run of median wall time kept; the machine may be
 shared); peak RSS is the process's VmHWM (msprobe: with its worker children).
 
 * ours     ``mf-celldump compare TARGET BASELINE -o OUT --json`` (CSV, PNG and report.html included)
@@ -145,7 +145,8 @@ def commands(root: str, with_msprobe: bool, previous: Optional[str]) -> Dict[str
 
 
 def measure(root: str, size: int, repeat: int, with_msprobe: bool, previous: Optional[str] = None) -> dict:
-    best: dict = {}
+    """Each tool's run of median wall time (of ``repeat`` interleaved runs) and its peak RSS."""
+    runs: Dict[str, List[dict]] = {}
     for _ in range(repeat):  # interleaved, so a load change hits every tool alike
         for tool, (command, env) in commands(root, with_msprobe, previous).items():
             # one measuring process per command: RUSAGE_CHILDREN is the largest child of a parent
@@ -158,9 +159,9 @@ def measure(root: str, size: int, repeat: int, with_msprobe: bool, previous: Opt
                     check=True,
                 ).stdout
             )
-            if tool not in best or result["wall_s"] < best[tool]["wall_s"]:
-                best[tool] = result
+            runs.setdefault(tool, []).append(result)
             shutil.rmtree(os.path.join(root, f"out_{tool}"), ignore_errors=True)
+    best = {tool: sorted(results, key=lambda r: r["wall_s"])[len(results) // 2] for tool, results in runs.items()}
     row = {
         "files_per_dump": size,
         **{f"{k}_{m}": v[m] for k, v in best.items() for m in ("wall_s", "peak_rss_mb")},
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
                         help="files per dump compared beside msprobe (default: 2000 10000)")
     parser.add_argument("--memory-sizes", type=int, nargs="*", default=[30000, 100000],
                         help="files per dump for ours alone, the memory bound (default: 30000 100000)")
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-msprobe", action="store_true")
     parser.add_argument("--previous", metavar="CHECKOUT", default=None,
                         help="also time another checkout of mf_celldump (e.g. main) in the same run")

@@ -30,8 +30,9 @@ from mf_celldump.capture.backends import (
 )
 from mf_celldump.capture.construct import GradientGapLog, InstalledConstruct, install, surplus_mode_warnings
 from mf_celldump.capture.graph_wrapper import GeneratedSources, graph_construct
-from mf_celldump.capture.micro_batches import MicroBatches
+from mf_celldump.capture.micro_batches import MicroBatches, mindspore_parallel_settings
 from mf_celldump.capture.micro_batches import detect as detect_micro_batches
+from mf_celldump.capture.parallel_layout import parallel_layout
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.run_identity import DumpInUseError, claim
@@ -259,6 +260,10 @@ class CellDump:
         if self.micro_batches is not None and self.micro_batches.count > 1:
             fields["micro_batches"] = self.micro_batches.count
             details["micro_batch_schedule"] = self.micro_batches.source
+        layout = parallel_layout(self.config.replica_groups.model_parallel, self.model,
+                                 mindspore_parallel_settings().parallel_mode)
+        if layout is not None:
+            details["parallel"] = layout
         return Manifest(rank=self.rank, distributed=self.distributed, task=self.config.task,
                         cells={s.cell_id: s.record for s in self.cells}, backend=self.backend.name,
                         run_id=self.run_id, parameters=self.config.captures_weights, details=details, **fields)

@@ -1,7 +1,7 @@
 """``mf-celldump compare TARGET BASELINE``: where do two runs first diverge?
 
 Exit codes: 0 every compared pair within thresholds (and enough compared), 1 diverged,
-2 bad input or too little compared for a verdict.
+2 bad input or too little compared for a verdict, 4 every difference is one common factor.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from mf_celldump.analysis.compare import shards, thresholds
 from mf_celldump.analysis.compare.coverage import MIN_COVERAGE
 from mf_celldump.analysis.compare.engine import CompareInputError, run
-from mf_celldump.analysis.compare.report import DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareRequest
+from mf_celldump.analysis.compare.report import COMMON_FACTOR, DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareRequest
 from mf_celldump.analysis.compare.summary import advice, format_summary, plain, to_json
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, emit, parse_selection
 from mf_celldump.config import ConfigError
@@ -35,7 +35,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
             "statistics task) and name the first cell, in execution order, whose tensors differ beyond the "
             "thresholds; weights and weight gradients are compared too. Writes a CSV of every pair, a PNG of "
             "per-layer metrics and a self-contained report.html. Exit 0 within thresholds, 1 diverged, 2 bad "
-            "input or too little compared for a verdict."
+            "input or too little compared for a verdict, 4 every difference is one common factor (gradient "
+            "clipping, a loss scale)."
         ),
     )
     parser.add_argument("target", metavar="TARGET", help="dump root, step folder or rank folder (your run)")
@@ -60,7 +61,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         default=[],
         metavar="[DTYPE.]KEY=VALUE",
         help="override a threshold: cosine (0 to 1), rel_err, stat_rel, abs_err (0 or more; abs_err: a pair "
-        "differing by no more than it is within, off by default); e.g. cosine=0.9999, bfloat16.rel_err=0.05; "
+        "differing by no more than it is within; default: each pair's rounding-noise bound, 0: off); "
+        "e.g. cosine=0.9999, bfloat16.rel_err=0.05; "
         "DTYPE: float64, float32, float16, bfloat16, int (exact)",
     )
     parser.add_argument(
@@ -82,10 +84,11 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         parser.add_argument(
             f"--{side}-tp",
             type=int,
-            default=1,
+            default=None,
             metavar="N",
             help=f"the {side} is tensor-parallel over N ranks: merge each group of N consecutive rank folders "
-            "before comparing (shard rules: docs/compare.md); --ranks then selects the merged groups",
+            "before comparing (shard rules: docs/compare.md); --ranks then selects the merged groups. Default: "
+            "the size capture recorded in the dump (mf_celldump_parallel), else 1",
         )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run_compare)
@@ -94,9 +97,11 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_compare(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
-    sizes = shards.ShardSizes(args.target_tp, args.baseline_tp)
     report = None
     try:
+        sizes = shards.ShardSizes(*(shards.recorded_tp(path) if given is None else given
+                                    for path, given in ((args.target, args.target_tp),
+                                                        (args.baseline, args.baseline_tp))))
         request = _request(args)
         if sizes.target < 1 or sizes.baseline < 1:
             raise ValueError(f"--target-tp {sizes.target} / --baseline-tp {sizes.baseline}: give positive numbers")
@@ -109,7 +114,8 @@ def run_compare(args: argparse.Namespace, out=None) -> int:
             emit(json.dumps({"error": str(err), "exit_code": int(ExitCode.BAD_INPUT)}), out)
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    code = {DIVERGED: ExitCode.FOUND, WITHIN: ExitCode.OK}.get(result.verdict, ExitCode.BAD_INPUT)
+    code = {DIVERGED: ExitCode.FOUND, WITHIN: ExitCode.OK,
+            COMMON_FACTOR: ExitCode.COMMON_FACTOR}.get(result.verdict, ExitCode.BAD_INPUT)
     if code == ExitCode.OK and report is not None and report.disagreements:
         code = ExitCode.FOUND
     if args.json:

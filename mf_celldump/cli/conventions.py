@@ -3,7 +3,8 @@
 Exit codes, the same for every sub-command: 0 fine; 1 the command ran and found
 something (problems while processing, a divergence, an anomaly, a mapping that does not
 match); 2 bad input (the command could not do what was asked); 3 a bug in mf_celldump;
-130 interrupted; 141 the reader of the output went away before all of it was written
+4 (compare) every difference is one common factor (gradient clipping, a loss scale): neither
+clean nor a divergence; 130 interrupted; 141 the reader of the output went away before all of it was written
 (``| head``; 128 + SIGPIPE, as for a Unix tool it stops), except where the sub-command
 prints through ``emit``, which keeps the status of what it found.
 """
@@ -26,6 +27,7 @@ class ExitCode(IntEnum):
     FOUND = 1  # problems, a divergence, an anomaly: the command ran and reports them
     BAD_INPUT = 2
     INTERNAL = 3
+    COMMON_FACTOR = 4  # compare: every difference is one factor (clipping, a loss scale), neither 0 nor 1
     INTERRUPTED = 130
     READER_GONE = 141  # 128 + SIGPIPE: stdout's reader closed it (| head)
 

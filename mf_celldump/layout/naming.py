@@ -24,6 +24,8 @@ DUMP_JSON = "dump.json"
 # Our key in dump.json's head: the run (the capture, resumed or not) whose data the folder holds.
 # msprobe reads the keys it knows (task, level, framework, dump_data_dir, data) and ignores others.
 RUN_ID_KEY = "mf_celldump_run_id"
+# Our key in dump.json's head: the parallel layout capture knew (``{"tensor_parallel": T, ...}``), for compare.
+PARALLEL_KEY = "mf_celldump_parallel"
 CONSTRUCT_JSON = "construct.json"
 STACK_JSON = "stack.json"
 TENSOR_DIR = "dump_tensor_data"

@@ -146,7 +146,7 @@ class DumpJson:
         except OSError as err:
             raise DumpError(f"{path}: cannot read: {err.strerror or err}") from None
         with handle:  # read the header once, up to "data"
-            self._to_data(_Cursor(handle, path))
+            self.has_data = self._to_data(_Cursor(handle, path))  # False: no "data" key, so no entries
 
     def _to_data(self, cursor: _Cursor) -> bool:
         """Advance to the first entry of ``data``; header keys go to ``self.header``."""

@@ -17,7 +17,8 @@ these items are invisible to it; ``mf-celldump compare`` reads them to line tens
 * ``act=silu``: this cell's forward output is the baseline's after the activation.
 * ``in=[a, b, ...]``: which baseline input each of our positional inputs is compared
   with: an index, a keyword name (``hidden_states``) or ``_`` (not compared).
-* ``shard=column|row|vocab|split|none``: how a tensor-parallel cell's tensors are split over
+* ``shard=column|row|vocab|split|none|reduce|gather|scatter|reduce_scatter|copy``: how a
+  tensor-parallel cell's tensors are split over
   the ranks of its group, for ``mf-celldump compare --target-tp/--baseline-tp`` (which puts
   the shards back together before comparing, ``compare/shards.py``). On a class's ``""``
   entry it holds for every cell of the class; on the entry of one cell, for that cell.
@@ -41,11 +42,20 @@ ACTIVATIONS = ("silu", "gelu", "relu")
 # output a partial sum until reduced; vocab: embedding rows split, the output reduced; split:
 # every activation split on its last axis, no weight split (attention over the local heads, an
 # activation function between a column- and a row-parallel layer); none: replicated.
-SHARDS = ("column", "row", "vocab", "split", "none")
+# reduce, gather, scatter, reduce_scatter, copy: the communication-region cells (all-reduce: partial sums in,
+# replicated out; all-gather / split on the last axis; reduce-scatter on the first; identity whose backward
+# all-reduces).
+SHARDS = ("column", "row", "vocab", "split", "none", "reduce", "gather", "scatter", "reduce_scatter", "copy")
 DEFAULT_SHARDS = {  # class name -> shard rule (MindFormers' mcore and Megatron-core spell them alike)
     "ColumnParallelLinear": "column",
     "RowParallelLinear": "row",
     "VocabParallelEmbedding": "vocab",
+    # MindFormers' region cells (parallel_core/inference/tensor_parallel/mappings.py); Megatron-core's regions
+    # are autograd functions, not modules, so they leave no entry of their own.
+    "ReduceFromModelParallelRegion": "reduce",
+    "GatherFromModelParallelRegion": "gather",
+    "ScatterToModelParallelRegion": "scatter",
+    "ReduceScatterToModelParallelRegion": "reduce_scatter",
 }
 _CHUNK_RE = re.compile(r"chunk:(\d+)/(\d+)$")
 _QKV_RE = re.compile(r"qkv:([qkv])$")
@@ -53,7 +63,8 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$|\d+$")
 
 RULE_SYNTAX = (
     "layout=sbh|bsh, split=qkv:q|k|v or split=chunk:I/N, act=silu|gelu|relu, "
-    "in=[index, keyword name or _, ...], shard=column|row|vocab|split|none"
+    "in=[index, keyword name or _, ...], "
+    "shard=column|row|vocab|split|none|reduce|gather|scatter|reduce_scatter|copy"
 )
 
 

@@ -218,7 +218,8 @@ def _texts(ctx: RankContext, store: EntryStore, data_dir: Optional[str], body_of
     cells = ctx.manifest.cells
     return msprobe_json.output_texts(
         ctx.manifest.task, data_dir, ctx.manifest.run_id, store.bodies(body_of),
-        lambda: ((name, cells[cell], parent) for name, cell, parent in store.nodes()), counts)
+        lambda: ((name, cells[cell], parent) for name, cell, parent in store.nodes()), counts,
+        ctx.manifest.details.get("parallel"))
 
 
 def _decoded(bodies: Iterable[Tuple[str, str]]) -> Iterator[Tuple[str, dict]]:

@@ -58,6 +58,8 @@ FIELDS = {
     "cells": "list of {id, name, class, module, file, line, params, weights}: params are construct's parameter "
              "names; weights the cell's own parameters as msprobe names them (last part of the parameter's "
              "name), indexed by the w/g slots",
+    "parallel": "informative, where capture knows it: {tensor_parallel, source, parallel_mode}; processing copies "
+                "it into dump.json (mf_celldump_parallel) so compare merges tensor-parallel ranks without --target-tp",
     "tool_version, config, data_mode, execution_mode, device, mindspore_version, model_class": "informative",
 }
 

@@ -14,9 +14,9 @@ import os
 import tempfile
 from typing import List, Optional, Sequence, Tuple
 
-from mf_celldump.analysis.compare import msprobe_rules
+from mf_celldump.analysis.compare import msprobe_rules, verdicts
 from mf_celldump.analysis.compare.coverage import measure_coverage
-from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, load_unit
+from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, Warnings, load_unit
 from mf_celldump.analysis.compare.report import (
     NONE,
     PYTORCH,
@@ -102,15 +102,16 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
     mapping: Optional[LayerMapping] = None
     view = None
     frameworks = tasks = ("", "")
+    warnings = Warnings()
     for unit in units:
-        classes = load_unit(store, unit)
+        classes = load_unit(store, unit, warnings)
         if mapping is None:
             frameworks = (unit.target.framework, unit.baseline.framework)
             tasks = (unit.target.task, unit.baseline.task)
             mapping = _mapping(request.mapping, set(classes.values()), frameworks)
             view = MsprobeView(mapping)
         options = PairOptions(request.thresholds, request.qkv_groups, msprobe_rules.dump_mode(*tasks))
-        UnitPairer(store, view, classes, unit, options).run(request.progress)
+        UnitPairer(store, view, classes, unit, options, warnings).run(request.progress)
         store.reset_unit()
     return CompareResult(
         request=request,
@@ -124,6 +125,11 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
         coverage=measure_coverage(store, request.min_coverage),
         crc=crc_summary(store),
         csv_path=os.path.join(request.output, "compare_pairs.csv"),
+        warnings=warnings.lines(),
+        factors=verdicts.common_factors(store),
+        weight_timing=verdicts.weight_timing(store),
+        diverged_directions=[r[0] for r in store.query(
+            "select distinct direction from pairs where kind = 'activation' and status = 'diverged'")],
     )
 
 

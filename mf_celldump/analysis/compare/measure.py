@@ -54,6 +54,7 @@ def measure_pair(
     plan: Plan,
     limits: Thresholds,
     exact: bool,
+    noise: float = 0.0,
 ) -> Measured:
     """Raises :class:`NotComparable` when the pair cannot be compared at all (the message says why)."""
     ours, our_error = _read(target, record)
@@ -63,7 +64,7 @@ def measure_pair(
         theirs = np.asarray(plan.apply(theirs, shape))
     crc = _crc(record, base_record, plan)
     if ours is not None and theirs is not None:
-        result = metrics.tensor_metrics(ours, theirs, limits, exact)
+        result = metrics.tensor_metrics(ours, theirs, limits, exact, noise)
         t_stats = stat_records.record_stats(record)
         b_stats = stat_records.array_stats(theirs) if plan.partial else stat_records.record_stats(base_record)
         return Measured(result, TENSOR, t_stats, b_stats, crc)
@@ -74,8 +75,8 @@ def measure_pair(
         )
     t_stats = stat_records.record_stats(record) if ours is None else stat_records.array_stats(ours)
     b_stats = stat_records.array_stats(theirs) if plan.partial else stat_records.record_stats(base_record)
-    elements = int(np.prod(shape)) if shape else None
-    result = metrics.stats_metrics(t_stats, b_stats, elements, limits, exact)
+    elements = math.prod(int(d) for d in shape) if shape else None  # Python ints: no overflow
+    result = metrics.stats_metrics(t_stats, b_stats, elements, limits, exact, noise)
     measured = Measured(result, STATISTICS, t_stats, b_stats, crc)
     if math.isinf(result.stat_rel):
         kinds = stat_records.nonfinite_kinds

@@ -6,8 +6,9 @@ own columns: Euclidean distance ||target - baseline||, and the share of elements
 relative error is below 1/1000 and 5/1000 (msprobe 26.2's ``One Thousandth Err Ratio``
 and ``Five Thousandths Err Ratio``: |t - b| / |b|, a zero baseline element counted with
 the float epsilon added to both sides). A pair diverges when cosine is below ``cosine``
-or ``rel_err`` above ``rel_err``, unless no element differs by more than ``abs_err`` (off by
-default); integer and bool tensors must match exactly; non-finite values diverge unless both
+or ``rel_err`` above ``rel_err``, unless no element differs by more than the pair's rounding-noise
+bound (``noise``; ``abs_err`` given by hand replaces it); integer and bool tensors must match
+exactly; non-finite values diverge unless both
 sides have the same ones at the same places.
 
 Statistics pairs (when a side has no tensor data): ``stat_rel`` = the largest relative
@@ -44,6 +45,11 @@ class PairMetrics:
     one_thousandth_ratio: float = math.nan
     five_thousandths_ratio: float = math.nan
     stat_rel: float = math.nan
+    # The one factor that best maps the baseline onto the target (least squares; for statistics, the ratio of
+    # the norms), and what is left after it: rel_err (tensors) or stat_rel (statistics) of target vs factor x
+    # baseline. A gradient clipped, loss-scaled or summed for a mean differs from its baseline by one factor.
+    factor: float = math.nan
+    factor_rel: float = math.nan
     diverged: bool = False
     note: str = ""
 
@@ -52,7 +58,9 @@ class PairMetrics:
         return {key: value for key, value in vars(self).items() if key not in ("diverged", "note")}
 
 
-def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds, exact: bool) -> PairMetrics:
+def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds, exact: bool,
+                   noise: float = 0.0) -> PairMetrics:
+    """``noise``: the pair's rounding-noise bound (``noise.bound``), used unless ``abs_err`` is given by hand."""
     t = np.asarray(target, dtype=np.float64).ravel()
     b = np.asarray(baseline, dtype=np.float64).ravel()
     result = PairMetrics()
@@ -73,15 +81,25 @@ def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds,
         result.one_thousandth_ratio, result.five_thousandths_ratio = _error_ratios(diff, magnitude)
     result.rel_err = result.euc_dist / norm_b if norm_b > TINY else (0.0 if norm_t <= TINY else math.inf)
     result.cosine = _cosine(t, b, norm_t, norm_b)
+    if not exact and norm_b > TINY and norm_t > TINY:
+        result.factor = float(np.dot(t, b)) / (norm_b * norm_b)
+        if result.factor != 0.0:
+            result.factor_rel = float(np.linalg.norm(t - result.factor * b)) / (abs(result.factor) * norm_b)
     if exact:
         result.diverged = result.diverged or bool(result.max_abs_err and result.max_abs_err > 0)
-    elif not _within_abs(result.max_abs_err, limits):
+    elif not within_noise(result.max_abs_err, limits, noise):
         result.diverged = result.diverged or result.cosine < limits.cosine or result.rel_err > limits.rel_err
     return result
 
 
-def _within_abs(max_abs_err: float, limits: Thresholds) -> bool:
-    return limits.abs_err > 0 and math.isfinite(max_abs_err) and max_abs_err <= limits.abs_err
+def noise_floor(limits: Thresholds, noise: float) -> float:
+    """The absolute difference a pair may have as rounding noise: ``abs_err`` given by hand, else its bound."""
+    return noise if limits.abs_err is None else limits.abs_err
+
+
+def within_noise(max_abs_err: float, limits: Thresholds, noise: float) -> bool:
+    floor = noise_floor(limits, noise)
+    return floor > 0 and math.isfinite(max_abs_err) and max_abs_err <= floor
 
 
 def _cosine(t: np.ndarray, b: np.ndarray, norm_t: float, norm_b: float) -> float:
@@ -113,6 +131,7 @@ def stats_metrics(
     elements: Optional[int],
     limits: Thresholds,
     exact: bool,
+    noise: float = 0.0,
 ) -> PairMetrics:
     """Verdict from statistics alone: the largest relative difference of Max, Min, Mean and Norm."""
     result = PairMetrics()
@@ -128,9 +147,26 @@ def stats_metrics(
         relative = abs(a - b) / _scale(key, a, b, target, baseline, elements)
         worst, largest = max(worst, relative), max(largest, abs(a - b))
     result.stat_rel = worst
-    noise = not exact and math.isfinite(worst) and _within_abs(largest, limits)
-    result.diverged = not noise and worst > (0.0 if exact else limits.stat_rel)
+    rounding = not exact and math.isfinite(worst) and within_noise(largest, limits, noise)
+    result.diverged = not rounding and worst > (0.0 if exact else limits.stat_rel)
+    _stats_factor(result, target, baseline, elements, exact)
     return result
+
+
+def _stats_factor(result: PairMetrics, target, baseline, elements, exact: bool) -> None:
+    """The ratio of the norms, and how far the other statistics are from the baseline's times it."""
+    norm_t, norm_b = target.get("Norm"), baseline.get("Norm")
+    if exact or not (norm_t and norm_b and math.isfinite(norm_t) and math.isfinite(norm_b) and norm_b > TINY):
+        return
+    factor = norm_t / norm_b
+    scaled = {key: (value * factor if value is not None else None) for key, value in baseline.items()}
+    worst = 0.0
+    for key in STATS:
+        a, b = target.get(key), scaled.get(key)
+        if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        worst = max(worst, abs(a - b) / _scale(key, a, b, target, scaled, elements))
+    result.factor, result.factor_rel = factor, worst
 
 
 def _scale(key, a, b, target, baseline, elements) -> float:

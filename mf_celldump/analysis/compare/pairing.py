@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from tqdm import tqdm
 
-from mf_celldump.analysis.compare import msprobe_rules, transforms
+from mf_celldump.analysis.compare import msprobe_rules, noise, transforms
 from mf_celldump.analysis.compare.measure import Measured, measure_pair
+from mf_celldump.analysis.compare.metrics import noise_floor
 from mf_celldump.analysis.compare.sources import Unit
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.thresholds import EXACT, Thresholds, thresholds_for
-from mf_celldump.dtypes import canonical_dtype
+from mf_celldump.dtypes import canonical_dtype, dtype_names
 from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, layer_of, parse_entry_name
 from mf_celldump.layout.slots import slot_record, tensor_slots, weight_records
+from mf_celldump.layout.stat_records import STATS, number
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
 
@@ -42,6 +44,33 @@ KINDS = (ACTIVATION, WEIGHT, WEIGHT_GRAD)
 NO_PARTNER, BY_DESIGN, NOT_COMPARABLE = "no_partner", "by_design", "not_comparable"
 
 
+# A call number this far past the calls of its cell seen so far is no count of calls (a capture numbers
+# them 0, 1, 2, ...): the entry is compared by its position, and a warning names it.
+MAX_CALL_GAP = 1024
+MAX_WARNINGS = 50
+KNOWN_DTYPES = frozenset(canonical_dtype(name) for name in dtype_names())
+
+
+@dataclass
+class Warnings:
+    """What was read but is not what a dump holds (a forged call number, a dtype no framework has, a statistic
+    that is not a number): each is named once, so an answer never rests on it silently."""
+
+    items: List[str] = field(default_factory=list)
+    more: int = 0
+
+    def add(self, text: str) -> None:
+        if text in self.items:
+            return
+        if len(self.items) < MAX_WARNINGS:
+            self.items.append(text)
+        else:
+            self.more += 1
+
+    def lines(self) -> List[str]:
+        return self.items + ([f"... and {self.more} more warnings"] if self.more else [])
+
+
 @dataclass(frozen=True)
 class PairOptions:
     thresholds: Dict[str, Thresholds]
@@ -49,21 +78,22 @@ class PairOptions:
     msprobe_mode: str = msprobe_rules.TENSOR_MODE
 
 
-def load_unit(store: Store, unit: Unit) -> Dict[str, str]:
+def load_unit(store: Store, unit: Unit, warnings: Optional[Warnings] = None) -> Dict[str, str]:
     """Stream both sides' entries into the store; returns our cell name -> class."""
     store.reset_unit()
+    warnings = warnings if warnings is not None else Warnings()
     totals: Dict[Tuple[str, str], int] = {}
-    store.add_base(row[:5] for row in _numbered(unit.baseline.entries(), None, totals))
+    base = _numbered(unit.baseline.entries(), None, totals, (warnings, f"baseline {unit.baseline.label}"))
+    store.add_base(row[:5] for row in base)
     store.add_base_totals(unit.step, unit.rank, totals)
     classes: Dict[str, str] = {}
-    store.add_target(
-        (pos, name, cell, cls, d, o, body)
-        for pos, (cell, d, o, name, body, cls) in enumerate(_numbered(unit.target.entries(), classes))
-    )
+    ours = _numbered(unit.target.entries(), classes, None, (warnings, f"target {unit.target.label}"))
+    store.add_target((pos, name, cell, cls, d, o, body) for pos, (cell, d, o, name, body, cls) in enumerate(ours))
     return classes
 
 
-def _numbered(entries: Iterable[Tuple[str, Dict[str, Any]]], classes: Optional[Dict[str, str]], totals=None):
+def _numbered(entries: Iterable[Tuple[str, Dict[str, Any]]], classes: Optional[Dict[str, str]], totals=None,
+              warn: Optional[Tuple[Warnings, str]] = None):
     """Cell entries (``parameters_grad`` included) with their position among the entries of the same
     cell and direction; ``totals`` counts the tensors per (kind, direction)."""
     counters: Dict[Tuple[str, str], int] = {}
@@ -74,6 +104,10 @@ def _numbered(entries: Iterable[Tuple[str, Dict[str, Any]]], classes: Optional[D
         key = (parsed.cell, parsed.direction)
         ordinal = counters.get(key, 0)
         counters[key] = ordinal + 1
+        if warn is not None and parsed.call > ordinal + MAX_CALL_GAP:
+            warn[0].add(f"{warn[1]}: {name}: call number {parsed.call}, but it is call {ordinal} of this cell in "
+                        "this direction (a dumper numbers calls 0, 1, 2, ...: a forged or corrupt name?); "
+                        f"compared as call {ordinal}")
         if classes is not None and parsed.direction != PARAMETERS_GRAD:
             classes[parsed.cell] = parsed.cls
         if totals is not None:
@@ -107,13 +141,17 @@ class UnitPairer:
     """Compares every target entry of one unit and writes the pair rows."""
 
     def __init__(
-        self, store: Store, view: MsprobeView, classes: Dict[str, str], unit: Unit, options: PairOptions
+        self, store: Store, view: MsprobeView, classes: Dict[str, str], unit: Unit, options: PairOptions,
+        warnings: Optional[Warnings] = None,
     ):
         self.store, self.view, self.unit, self.options = store, view, unit, options
+        self.warnings = warnings if warnings is not None else Warnings()
         self.type_of = type_lookup(classes)
         self.not_plotted = enclosing_groups(classes)
         self._resolved: Dict[str, Tuple[str, CompareRules]] = {}
         self._groups: Dict[str, Optional[int]] = {}
+        self._depth, self._last_layer = 0, None  # steps between depth groups so far (noise.bound's D)
+        self._scale = noise.EntryScale()
 
     def run(self, show_progress: bool = True) -> int:
         rows: List[Dict[str, Any]] = []
@@ -153,6 +191,9 @@ class UnitPairer:
         base_cell, rules = self.resolve(cell, cls)
         found = self.store.base_entry(base_cell, direction, ordinal)
         layer = layer_of(cell)
+        if layer != self._last_layer:
+            self._depth, self._last_layer = self._depth + 1, layer
+        self._scale = noise.entry_scale((body, found[1] if found else None), direction)
         common = {
             "step": self.unit.step,
             "rank": self.unit.rank,
@@ -210,15 +251,40 @@ class UnitPairer:
     def measure(self, row, record, base_record, base_cell, plan: transforms.Plan) -> Dict[str, Any]:
         row.update(_describe(base_record, "baseline_"))
         row["baseline_transform"] = plan.describe()
+        problem = self.malformed(row, record, base_record)
+        if problem:
+            return dict(row, status="skipped", skip_class=NOT_COMPARABLE, reason=problem)
         limits = thresholds_for(row["dtype"], row["baseline_dtype"], self.options.thresholds)
         exact = limits == self.options.thresholds[EXACT]
         if plan.split is not None and plan.split.kind == "qkv":
             plan = transforms.Plan(plan.rules, plan.use_split, plan.use_act, plan.weight, self.qkv_groups(base_cell))
+        bound = noise.bound((row["dtype"], row["baseline_dtype"]), self._depth, self._scale)
+        row["noise_bound"] = bound
         try:
-            measured = measure_pair(self.unit.target, record, self.unit.baseline, base_record, plan, limits, exact)
+            measured = measure_pair(self.unit.target, record, self.unit.baseline, base_record, plan, limits, exact,
+                                    bound)
         except transforms.NotComparable as err:
             return dict(row, status="skipped", skip_class=NOT_COMPARABLE, reason=str(err))
         return _measured_row(row, measured, limits)
+
+    def malformed(self, row, record, base_record) -> str:
+        """Why a pair's records are not what a dump holds ("" when they are), warned by name; a dtype no
+        framework has is warned too (judged as float32)."""
+        problems = []
+        for side, rec, label in (("target", record, self.unit.target.label),
+                                 ("baseline", base_record, self.unit.baseline.label)):
+            problem = record_problem(rec)
+            if problem:
+                problems.append(f"{side} record {problem}")
+            dtype = canonical_dtype(rec.get("dtype"))
+            if dtype and dtype not in KNOWN_DTYPES:
+                self.warnings.add(f"{side} {label}: dtype {rec.get('dtype')!r} (first at {row['entry']} "
+                                  f"{row['slot']}) is no dtype a framework has; judged with float32's thresholds")
+        if not problems:
+            return ""
+        reason = "malformed record: " + "; ".join(problems)
+        self.warnings.add(f"{row['folder']} {row['entry']} {row['slot']}: {reason}; not compared")
+        return reason
 
     def qkv_groups(self, base_cell: str) -> Optional[int]:
         """Query groups: ``--qkv-groups``, checked against the key input of the baseline's
@@ -236,6 +302,20 @@ class UnitPairer:
                 f"{detected} query groups (shape [s, b, groups, head dim]); leave --qkv-groups out or give {detected}"
             )
         return given or detected
+
+
+def record_problem(record: Dict[str, Any]) -> str:
+    """What makes a tensor record unreadable as one ("" when nothing): a shape that is not a list of whole
+    numbers, a statistic that is neither a number nor "inf"/"nan"."""
+    shape = record.get("shape")
+    if shape is not None and not (isinstance(shape, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        return f"shape {shape!r} is not a list of whole numbers"
+    for key in STATS:
+        value = record.get(key)
+        if value is not None and number(value) is None:
+            return f"{key} {value!r} is not a number"
+    return ""
 
 
 def _slots(direction: str, body: Dict[str, Any]):
@@ -279,7 +359,8 @@ def _describe(record: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 def _measured_row(row, measured: Measured, limits: Thresholds) -> Dict[str, Any]:
     result = measured.metrics
     row.update(result.columns())
-    row["score"] = score(result, limits)
+    row["score"] = score(result, limits, row.get("noise_bound") or 0.0)
+    row["factor_tol"] = limits.stat_rel if measured.basis == "statistics" else limits.rel_err
     for side, stats in (("target", measured.target_stats), ("baseline", measured.baseline_stats)):
         row.update({f"{side}_{key.lower()}": value for key, value in stats.items()})
     for key in ("max", "min", "mean", "norm"):
@@ -292,7 +373,7 @@ def _measured_row(row, measured: Measured, limits: Thresholds) -> Dict[str, Any]
     return row
 
 
-def score(result, limits: Thresholds) -> float:
+def score(result, limits: Thresholds, bound: float = 0.0) -> float:
     """The largest ratio of a metric to its threshold (above 1: diverged): one scale for every dtype."""
     ratios = []
     for value, limit in ((1.0 - result.cosine, 1.0 - limits.cosine), (result.rel_err, limits.rel_err),
@@ -300,6 +381,9 @@ def score(result, limits: Thresholds) -> float:
         if value == value:  # not NaN
             ratios.append(value / limit if limit > 0 else (math.inf if value > 0 else 0.0))
     worst = max(ratios, default=0.0)
+    if not result.diverged and worst > 1.0:  # within as rounding noise: how close to its bound it came
+        floor = noise_floor(limits, bound)
+        return result.max_abs_err / floor if floor > 0 and result.max_abs_err == result.max_abs_err else 1.0
     return math.inf if result.diverged and worst <= 1.0 else worst  # non-finite values that differ
 
 

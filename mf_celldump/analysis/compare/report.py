@@ -344,6 +344,7 @@ PYTORCH = "pytorch"
 
 # What a comparison concludes (the command turns it into an exit status).
 DIVERGED, WITHIN, LOW_COVERAGE, NOTHING = "diverged", "within thresholds", "too little compared", "nothing compared"
+COMMON_FACTOR = "common factor"  # every difference is one factor (clipping, a loss scale): neither clean nor diverged
 
 @dataclass
 class CompareRequest:
@@ -378,6 +379,10 @@ class CompareResult:
     plot_path: Optional[str] = None
     plot_note: str = ""
     html_path: Optional[str] = None
+    warnings: List[str] = field(default_factory=list)  # input read but not what a dump holds, named
+    factors: List[Dict[str, Any]] = field(default_factory=list)  # verdicts.common_factors
+    weight_timing: Dict[str, Any] = field(default_factory=dict)  # verdicts.weight_timing
+    diverged_directions: List[str] = field(default_factory=list)  # activation directions with a diverged pair
 
     @property
     def compared(self) -> int:
@@ -388,10 +393,25 @@ class CompareResult:
     def weights_diverged(self) -> int:
         return sum(self.weights[kind]["diverged"] for kind in self.weights)
 
+    def factor_of(self, kind: str, direction: Optional[str] = None) -> Optional[Dict[str, Any]]:
+        return next((f for f in self.factors if f["kind"] == kind and f["direction"] == direction), None)
+
+    @property
+    def explained_by_factors(self) -> bool:
+        """Every difference found is a common factor (weights differing only after the optimizer ran on
+        gradients that differed by one count as its consequence)."""
+        if any(self.factor_of(ACTIVATION, d) is None for d in self.diverged_directions):
+            return False
+        if self.weights.get(WEIGHT_GRAD, {}).get("diverged") and self.factor_of(WEIGHT_GRAD) is None:
+            return False
+        timing = self.weight_timing
+        late = timing.get("after_optimizer") and timing.get("gradients_differ_before")
+        return not (self.weights.get(WEIGHT, {}).get("diverged") and not late)
+
     @property
     def verdict(self) -> str:
         if self.first is not None or self.weights_diverged:
-            return DIVERGED
+            return COMMON_FACTOR if self.factors and self.explained_by_factors else DIVERGED
         if not self.compared:
             return NOTHING
         return WITHIN if self.coverage.enough else LOW_COVERAGE

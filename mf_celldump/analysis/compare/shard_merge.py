@@ -12,6 +12,11 @@ row        join last axis      partial                same                 join 
 vocab      same                partial                same                 same                 join axis 0
 split      join last axis      join last axis         join last axis       join last axis       same
 none       same                same                   same                 same                 same
+reduce     partial             same                   same                 same                 same
+gather     join last axis      same                   same                 join last axis       same
+scatter    same                join last axis         join last axis       same                 same
+red._sc.   partial             join axis 0            join axis 0          same                 same
+copy       same                same                   partial              same                 same
 =========  ==================  =====================  ===================  ===================  ==============
 
 ``same``: the tensor is replicated; every rank's copy must be equal (a copy that differs is
@@ -54,6 +59,13 @@ _PLANS = {  # rule -> (forward input, forward output, grad w.r.t. output, grad w
     "vocab": (SAME, PARTIAL, SAME, SAME, 0),
     "split": (-1, -1, -1, -1, SAME),
     "none": (SAME, SAME, SAME, SAME, SAME),
+    # Communication regions: all-reduce (input partial sums, output replicated), all-gather and split on the
+    # last axis, reduce-scatter on the first axis, and the copy whose backward all-reduces the gradient.
+    "reduce": (PARTIAL, SAME, SAME, SAME, SAME),
+    "gather": (-1, SAME, SAME, -1, SAME),
+    "scatter": (SAME, -1, -1, SAME, SAME),
+    "reduce_scatter": (PARTIAL, 0, 0, SAME, SAME),
+    "copy": (SAME, SAME, PARTIAL, SAME, SAME),
 }
 _STAT_NAMES = {key: name for name, key in STAT_KEYS.items()}
 

@@ -35,10 +35,11 @@ from mf_celldump.analysis.compare import engine, metrics, tensors, transforms
 from mf_celldump.analysis.compare import thresholds as thresholds_mod
 from mf_celldump.analysis.compare.pairing import map_slot
 from mf_celldump.analysis.compare.report import CompareRequest, CompareResult
+from mf_celldump.analysis.compare.shard_infer import Inference, infer_rules, other_shapes
 from mf_celldump.analysis.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, ShardError, plan
 from mf_celldump.dtypes import canonical_dtype
 from mf_celldump.errors import CompareInputError
-from mf_celldump.layout.naming import FORWARD, parse_entry_name, parse_parameters_grad_name
+from mf_celldump.layout.naming import FORWARD, PARALLEL_KEY, parse_entry_name, parse_parameters_grad_name
 from mf_celldump.layout.reader import DumpError, DumpJson, RankDump, find_rank_dumps
 from mf_celldump.layout.slots import slot_record
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
@@ -66,6 +67,7 @@ class Side:
     groups: Dict[Tuple[Optional[int], int], Group] = field(default_factory=dict)
     notes: MergeNotes = field(default_factory=MergeNotes)
     rules: Optional[RuleBook] = None
+    inference: Inference = field(default_factory=Inference)
 
 
 @dataclass
@@ -90,6 +92,14 @@ class ShardReport:
             rules = ", ".join(f"{n} {rule}" for rule, n in sorted(counts.items())) or "none"
             lines.append(f"{side.name}: tensor parallel over {side.size} ranks, {len(side.groups)} group(s) merged; "
                          f"cells merged by rule: {rules}")
+            if side.inference.rules:
+                lines.append("  inferred from the ranks' tensors (a rule in a mapping file wins): " + ", ".join(
+                    f"{cell} {rule}" for cell, rule in side.inference.rules.items()))
+            if side.inference.unresolved:
+                lines.append(f"  no rule fits the ranks' tensors of: {', '.join(side.inference.unresolved[:10])} "
+                             "(merged as none)")
+            if side.inference.note:
+                lines.append(f"  {side.inference.note}")
             for item in side.notes.disagreements[:5]:
                 lines.append(f"  REPLICATED BUT DIFFERENT: step {item['step']} {item['entry']} {item['slot']} "
                              f"(shard={item['rule']}): rank(s) {item['ranks']} differ from rank {item['reference']}")
@@ -110,13 +120,16 @@ class ShardReport:
     def to_json(self) -> Dict[str, Any]:
         return {side.name: {"tp": side.size, "groups": {f"step{s}/rank{i}": g.ranks for (s, i), g in
                                                         side.groups.items()},
-                            "rules": side.notes.rules, "disagreements": side.notes.disagreements,
+                            "rules": side.notes.rules, "inferred": side.inference.rules,
+                            "not_inferred": side.inference.unresolved, "inference_note": side.inference.note,
+                            "disagreements": side.notes.disagreements,
                             "not_merged": side.notes.dropped} for side in (self.target, self.baseline)} | {
             "attribution": self.attribution}
 
 
 class RuleBook:
-    """Shard rules of one side's cells: the mapping's ``shard=`` rules, then the class defaults.
+    """Shard rules of one side's cells: the mapping's ``shard=`` rules, then the class defaults, then the
+    rules inferred from the ranks' tensors (``shard_infer``), else ``none``.
 
     The mapping's sections are keyed by class: walking the baseline's own tree, sections keyed
     by the baseline's classes (Megatron's) give its cells their rules.
@@ -124,9 +137,12 @@ class RuleBook:
 
     def __init__(self, view: MsprobeView, classes: Dict[str, str]):
         self.view, self.type_of = view, type_lookup(classes)
-        self._cache: Dict[Tuple[str, str], str] = {}
+        self.classes = classes
+        self.inferred: Dict[str, str] = {}
+        self._cache: Dict[Tuple[str, str], Optional[str]] = {}
 
-    def rule_of(self, cell: str, cls: str) -> str:
+    def explicit(self, cell: str, cls: str) -> Optional[str]:
+        """The rule the mapping file or the class default gives the cell; None when neither names it."""
         key = (cell, cls)
         if key not in self._cache:
             items: tuple = ()
@@ -136,8 +152,14 @@ class RuleBook:
             entry = self.view.resolve(cell, self.type_of).entry  # the entry that names this cell
             if entry is not None:
                 items += entry.rules
-            self._cache[key] = parse_rules(items).shard or DEFAULT_SHARDS.get(cls, "none")
+            self._cache[key] = parse_rules(items).shard or DEFAULT_SHARDS.get(cls)
         return self._cache[key]
+
+    def rule_of(self, cell: str, cls: str) -> str:
+        return self.explicit(cell, cls) or self.inferred.get(cell, "none")
+
+    def baseline_name(self, cell: str) -> str:
+        return self.view.resolve(cell, self.type_of).baseline
 
     def compare_rules(self, cell: str) -> CompareRules:
         entry = self.view.resolve(cell, self.type_of).entry
@@ -170,6 +192,23 @@ def _groups(path: str, size: int, request: CompareRequest, out_root: str) -> Dic
     return groups
 
 
+def recorded_tp(path: str) -> int:
+    """The tensor-parallel size capture recorded in the dump's first ``dump.json`` (``PARALLEL_KEY``), when the
+    dump has several rank folders; 1 otherwise (or when the path cannot be read: the comparison says why)."""
+    try:
+        dumps = find_rank_dumps(path)
+        if len({d.rank or 0 for d in dumps}) < 2:
+            return 1
+        layout = DumpJson(dumps[0].dump_json).header.get(PARALLEL_KEY)
+    except (DumpError, OSError):
+        return 1
+    size = layout.get("tensor_parallel") if isinstance(layout, dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+        logger.info("%s: tensor parallel over %d ranks, as capture recorded (%s)", path, size, layout.get("source"))
+        return size
+    return 1
+
+
 def _classes(dump: RankDump) -> Dict[str, str]:
     classes = {}
     for name, _ in DumpJson(dump.dump_json).entries():
@@ -193,14 +232,18 @@ def rule_view(request: CompareRequest) -> MsprobeView:
     return MsprobeView(engine._mapping(request.mapping, set(_classes(target).values()), frameworks))
 
 
-def merge_side(side: Side, path: str, request: CompareRequest, view: MsprobeView, work: str) -> str:
-    """Merge every group of one side under ``work``; returns the merged dump root (or ``path`` as it is)."""
+def merge_side(side: Side, path: str, request: CompareRequest, view: MsprobeView, work: str,
+               other: Optional[str] = None) -> str:
+    """Merge every group of one side under ``work``; returns the merged dump root (or ``path`` as it is).
+    ``other``: the unsharded other side, whose shapes let the rules of cells no rule names be inferred."""
     root = os.path.join(work, side.name)
     side.groups = _groups(path, side.size, request, root) if side.size > 1 else {}
     first = next(iter(side.groups.values())).shards[0] if side.groups else _first_folder(path)
     side.rules = RuleBook(view, _classes(first))
     if side.size == 1:
         return path
+    if other is not None:
+        _infer(side, next(iter(side.groups.values())), other)
     for group in side.groups.values():
         try:
             GroupMerger(group, side.rules.rule_of, side.notes).run()
@@ -209,17 +252,46 @@ def merge_side(side: Side, path: str, request: CompareRequest, view: MsprobeView
     return root
 
 
+def _infer(side: Side, group: Group, other: str) -> None:
+    """Rules for the cells no rule names, from the ranks' tensors of one group (every group runs the same
+    cells) against the unsharded other side's shapes; the mapping's names lead the target's cells to the
+    baseline's."""
+    rules = side.rules
+    cells = {cell: cls for cell, cls in rules.classes.items() if rules.explicit(cell, cls) is None}
+    if not cells:
+        return
+    if DumpJson(group.shards[0].dump_json).task != "tensor":
+        side.inference.note = (f"a statistics dump cannot show a cell's layout: {len(cells)} cell(s) without a rule "
+                               "are merged as replicated (none); give their rules in a mapping file")
+        return
+    dumps = [d for d in find_rank_dumps(other) if d.step in (group.step, None)] or find_rank_dumps(other)
+    shapes = other_shapes(DumpJson(dumps[0].dump_json).entries())
+    base_name = rules.baseline_name if side.name == "target" else (lambda cell: cell)
+    side.inference = infer_rules(group, cells, shapes, base_name)
+    rules.inferred.update(side.inference.rules)
+    for cell, rule in side.inference.rules.items():
+        logger.info("%s cell %s: shard=%s inferred from its ranks' tensors", side.name, cell, rule)
+
+
 def run(request: CompareRequest, sizes: ShardSizes) -> Tuple[CompareResult, ShardReport]:
     """Merge, compare, check the merged shapes and name the ranks of the first divergence."""
     report = ShardReport(Side("target", sizes.target), Side("baseline", sizes.baseline))
     view = rule_view(request)
     os.makedirs(request.output, mode=0o750, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".shards-", dir=request.output) as work:
-        target = merge_side(report.target, request.target, request, view, work)
-        baseline = merge_side(report.baseline, request.baseline, request, view, work)
+        target = merge_side(report.target, request.target, request, view, work,
+                            request.baseline if sizes.baseline == 1 else None)
+        baseline = merge_side(report.baseline, request.baseline, request, view, work,
+                              request.target if sizes.target == 1 else None)
         result = engine.run(dataclasses.replace(request, target=target, baseline=baseline))
         result.request = request
-        _check_shapes(result, report)
+        try:
+            _check_shapes(result, report)
+        except CompareInputError as err:  # a statistics dump could not show the layout: say so beside it
+            notes = [side.inference.note for side in (report.target, report.baseline) if side.inference.note]
+            if not notes:
+                raise
+            raise CompareInputError(f"{err}; {'; '.join(notes)}") from None
         report.attribution = Attribution(report, baseline, request.thresholds).of(result)
     return result, report
 

@@ -50,6 +50,11 @@ class RankFolder:
             self._json = DumpJson(dump.dump_json)
         except OSError as err:
             raise CompareInputError(f"{dump.dump_json}: cannot read: {err.strerror}") from None
+        if not self._json.has_data:  # read on, it would give no entries and its step would vanish unsaid
+            raise CompareInputError(
+                f"{dump.dump_json}: no \"data\" key; a dump.json holds its entries under \"data\" (msprobe's "
+                f"layout), so {dump.label} cannot be compared: re-process the raw dump or leave the step out (--steps)"
+            )
 
     @property
     def framework(self) -> str:

@@ -11,7 +11,16 @@ from typing import Any, Dict, List, Optional
 
 from mf_celldump.analysis.compare.coverage import Coverage, Part
 from mf_celldump.analysis.compare.pairing import WEIGHT, WEIGHT_GRAD
-from mf_celldump.analysis.compare.report import DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult, json_ready
+from mf_celldump.analysis.compare.report import (
+    COMMON_FACTOR,
+    DIVERGED,
+    LOW_COVERAGE,
+    NOTHING,
+    WITHIN,
+    CompareResult,
+    json_ready,
+)
+from mf_celldump.analysis.compare.verdicts import factor_text, per_step_text, steps_text
 
 REASON_LINES = 8
 _CLASS_NAMES = {"no_partner": "no partner", "by_design": "by design", "not_comparable": "not comparable"}
@@ -33,6 +42,7 @@ def header(result: CompareResult) -> Dict[str, Any]:
         "verdict": result.verdict,
         "headline": headline(result),
         "advice": advice(result),
+        "warnings": result.warnings,
     }
 
 
@@ -43,6 +53,8 @@ def to_json(result: CompareResult, code: int) -> dict:
         "unpaired": result.unpaired,
         "coverage": result.coverage.to_json(),
         "first_divergence": result.first.to_json() if result.first else None,
+        "common_factors": result.factors,
+        "weight_timing": result.weight_timing,
         "weights": result.weights,
         "crc": result.crc,
         "thresholds": {k: vars(v) for k, v in result.request.thresholds.items()},
@@ -76,10 +88,11 @@ def metric_text(item: Dict[str, Any]) -> str:
 
 def headline(result: CompareResult) -> str:
     verdict, first = result.verdict, result.first
-    if verdict == DIVERGED and first is not None:
+    if verdict == DIVERGED and first is not None and (not result.factors or first.direction not in [
+            f["direction"] for f in result.factors]):
         return (f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} rank {first.rank}): {first.entry}")
-    if verdict == DIVERGED:
-        return "WEIGHTS DIFFER; every compared activation is within thresholds"
+    if verdict in (DIVERGED, COMMON_FACTOR):
+        return _what_differs(result)
     if verdict == NOTHING:
         return "NOTHING COMPARED: no target tensor found a baseline partner (see the reasons above)"
     if verdict == LOW_COVERAGE:
@@ -87,6 +100,57 @@ def headline(result: CompareResult) -> str:
         return (f"NO VERDICT: too little compared ({short} of the comparable tensors; the minimum is "
                 f"{result.coverage.minimum:.0%}); {result.compared} compared pairs are within thresholds")
     return f"no divergence: all {result.compared} compared pairs are within thresholds"
+
+
+def _what_differs(result: CompareResult) -> str:
+    """Weights, weight gradients or activations: named as what they are, never one for another."""
+    differs, factored = [], []
+    for item in result.factors:
+        factored.append(factor_text(item))
+    for direction in result.diverged_directions:
+        if result.factor_of("activation", direction) is None:
+            differs.append(f"{direction.upper()} ACTIVATIONS DIFFER")
+    grads = result.weights.get(WEIGHT_GRAD) or {}
+    if grads.get("diverged") and result.factor_of(WEIGHT_GRAD) is None:
+        differs.append(f"WEIGHT GRADIENTS DIFFER: {grads['diverged']} of {grads['ok'] + grads['diverged']} "
+                       f"({per_step_text(result.weight_timing.get('grad_steps') or [])})")
+    weights = result.weights.get(WEIGHT) or {}
+    timing = result.weight_timing
+    if weights.get("diverged"):
+        differs.append(_weights_phrase(weights, timing))
+    same = [label for label, kinds in (("activation", ("activation",)), ("weight gradient", (WEIGHT_GRAD,)),
+                                       ("weight", (WEIGHT,)))
+            if not _differs(result, kinds[0]) and _compared(result, kinds[0])]
+    tail = f"; every compared {' and '.join(same)} is within thresholds" if same else ""
+    if result.verdict == COMMON_FACTOR:
+        return "COMMON FACTOR: " + "; ".join(factored + [d for d in differs if "optimizer" in d]) + tail
+    shouted = [d.replace("weights differ", "WEIGHTS DIFFER", 1) for d in differs]
+    return "; ".join(shouted + factored) + tail
+
+
+def _weights_phrase(weights: Dict[str, Any], timing: Dict[str, Any]) -> str:
+    count = f"{weights['diverged']} of {weights['ok'] + weights['diverged']}"
+    steps = steps_text(timing.get("differ") or [])
+    if timing.get("after_optimizer"):
+        start = timing["steps"][0]
+        on = ("on diverged gradients" if timing.get("gradients_differ_before") else
+              "on gradients that agree: look at the optimizer (its settings, its state)")
+        return (f"weights differ only after the optimizer has run {on}: {count} at {steps}; at "
+                f"{steps_text([start['step']])} all {start['ok']} agree")
+    return f"WEIGHTS DIFFER at the start of {steps}: {count}"
+
+
+def _differs(result: CompareResult, kind: str) -> bool:
+    if kind == "activation":
+        return bool(result.diverged_directions)
+    return bool((result.weights.get(kind) or {}).get("diverged"))
+
+
+def _compared(result: CompareResult, kind: str) -> bool:
+    if kind == "activation":
+        return any(p.kind == "activation" and p.compared for p in result.coverage.parts)
+    info = result.weights.get(kind) or {}
+    return bool((info.get("ok") or 0) + (info.get("diverged") or 0))
 
 
 def advice(result: CompareResult) -> List[str]:
@@ -133,6 +197,7 @@ def format_summary(result: CompareResult) -> str:
     lines.extend(_divergence_lines(result))
     lines.extend(weight_lines(result))
     lines.extend(crc_lines(result.crc))
+    lines.extend(f"warning: {item}" for item in result.warnings)
     lines.extend(f"check: {item}" for item in advice(result))
     lines.append(f"output:   {result.request.output}/")
     lines.append(f"table:    {result.csv_path}")
@@ -211,6 +276,7 @@ def crc_lines(crc: Dict[str, Any]) -> List[str]:
 
 def weight_lines(result: CompareResult) -> List[str]:
     lines = []
+    timing = result.weight_timing
     for kind, label in ((WEIGHT, "WEIGHTS"), (WEIGHT_GRAD, "WEIGHT GRADIENTS")):
         info = result.weights.get(kind) or {}
         compared = (info.get("ok") or 0) + (info.get("diverged") or 0)
@@ -219,21 +285,27 @@ def weight_lines(result: CompareResult) -> List[str]:
         if not info.get("diverged"):
             lines.append(f"{label.lower()}: {compared} compared, all within thresholds")
             continue
-        if kind == WEIGHT_GRAD and result.first is not None:
-            lines.append(f"{label.lower()}: {info['diverged']} of {compared} differ, after the divergent "
-                         "computation above")
+        factor = result.factor_of(WEIGHT_GRAD) if kind == WEIGHT_GRAD else None
+        if factor is not None:
+            lines.append(f"COMMON FACTOR: {factor_text(factor)}")
             continue
         first = info["first"]
         worst = first["metrics"]
-        when = "at step start" if kind == WEIGHT else "in the backward pass"
-        lines.append(
-            f"{label} DIFFER {when}: {info['diverged']} of {compared}; first {first['cell']} {worst['slot']} "
-            f"({metric_text(worst)}); a weight that differs {when} is a different diagnosis from a computation "
-            "that differs (conversion, loading, an optimizer step)"
-            if kind == WEIGHT else
-            f"{label} DIFFER: {info['diverged']} of {compared}; first {first['cell']} {worst['slot']} "
-            f"({metric_text(worst)})"
-        )
+        where = f"{first['cell']} {worst['slot']} (step {_step(first['step'])}; {metric_text(worst)})"
+        steps = per_step_text(timing.get("steps" if kind == WEIGHT else "grad_steps") or [])
+        if kind == WEIGHT_GRAD and result.first is not None:
+            lines.append(f"{label.lower()}: {info['diverged']} of {compared} differ ({steps}), after the divergent "
+                         "computation above")
+        elif kind == WEIGHT_GRAD:
+            lines.append(f"{label} DIFFER: {info['diverged']} of {compared} ({steps}); first {where}")
+        elif timing.get("after_optimizer"):
+            phrase = _weights_phrase(info, timing).replace("weights differ", "WEIGHTS DIFFER", 1)
+            lines.append(f"{phrase}; first {where}")
+        else:
+            lines.append(
+                f"{label} DIFFER at step start: {info['diverged']} of {compared}; first {where}; {steps}; a weight "
+                "that differs at step start is a different diagnosis from a computation that differs (conversion, "
+                "loading, an optimizer step)")
     return lines
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Optional
 
 from mf_celldump.dtypes import canonical_dtype
 
@@ -22,8 +22,9 @@ class Thresholds:
     stat_rel: float  # at most
     # A pair whose largest absolute difference is at most this is within, whatever its cosine and relative
     # errors: rounding noise of a value that is zero in exact arithmetic (a key bias's gradient, summed in
-    # another order by tensor-parallel ranks) has no meaningful direction. 0: off (the default).
-    abs_err: float = 0.0
+    # another order by tensor-parallel ranks) has no meaningful direction. None (the default): each pair's own
+    # noise bound (``noise``); a number given by hand replaces it (0: off).
+    abs_err: Optional[float] = None
 
 
 EXACT = "exact"

@@ -36,6 +36,7 @@
     v.appendChild(el('div', {cls: 'verdict ' + cls, id: 'headline', text: D.headline}));
     D.findings.forEach(function (a) { v.appendChild(el('div', {cls: 'verdict v-diverged', text: a})); });
     D.advice.forEach(function (a) { v.appendChild(el('div', {cls: 'note', text: 'Check: ' + a})); });
+    (D.warnings || []).forEach(function (a) { v.appendChild(el('div', {cls: 'note warning', text: 'Warning: ' + a})); });
     D.notes.forEach(function (a) { v.appendChild(el('p', {cls: 'muted', text: a})); });
     if (D.unpaired.length) { v.appendChild(el('div', {cls: 'note', text: 'No baseline partner for: ' + D.unpaired.join(', ')})); }
   }
