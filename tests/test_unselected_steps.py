@@ -146,3 +146,20 @@ def test_select_step_where_nothing_is_captured_names_the_ranks_and_steps(tmp_pat
     with pytest.raises(AttachError, match="nothing is captured on rank 0"):
         dump.select_step(3)
     dump.detach()
+
+
+def test_select_step_with_the_ascend_graph_tensor_backend_says_to_name_the_step_in_steps(tmp_path):
+    from tests.support import capture_net as cn
+    from tests.support.ascend_emulation import AscendEmulator
+
+    cn.set_mode("graph")
+    emulator = AscendEmulator()
+    try:
+        dump = mf_celldump.attach(cn.train_one_step_cell(cn.make_net()),
+                                  {"dump_path": str(tmp_path / "dump"), "task": "tensor", "backend": "tensordump",
+                                   "steps": "1"}, primitives=emulator.primitives())
+        with pytest.raises(AttachError, match="name the step in steps, or use backend host"):
+            dump.select_step(3)
+        dump.detach()
+    finally:
+        emulator.close()

@@ -322,9 +322,9 @@ class CellDump:
                               f"{self.config.ranks.describe()}, steps={self.config.steps.describe()} from step "
                               f"{self.initial_step}), so no capture op was installed; attach with this rank in "
                               "ranks and a steps value that leaves a step to capture")
-        if self.backend.writes_unselected or self.backend.writes_later:
-            raise AttachError(f"select_step({step}): the {self.backend.name} backend selects its steps in "
-                              "MindSpore before training (TensorDump's step filter); use steps, or backend host")
+        if self.backend.steps_fixed_at_attach:
+            raise AttachError(f"select_step({step}): the {self.backend.name} backend has MindSpore select its "
+                              "steps from a list given at attach; name the step in steps, or use backend host")
         self._chosen.add(step)
 
     @property
