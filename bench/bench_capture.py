@@ -28,14 +28,17 @@ msprobe on CPU: its statistics call ``mint.norm``, which has no CPU kernel in Mi
 that one call is replaced by a monkeypatch (see ``_patch_msprobe_norm``); installed files
 are not modified.
 
-Per PyNative worker: ``--warmup`` uncaptured steps (excluded), ``--inproc-baseline``
-uncaptured steps (measured before attach: a same-process baseline), then one captured
-warm-up step (excluded) and ``--steps`` captured steps (measured). mf_celldump workers
-select every other step, so each captured step follows an uncaptured step of the same
-attached network (measured too, "interleaved"): the ratio of the two medians is the
-figure least moved by other load on the machine. Graph workers build two networks from
-the same seed, a plain one and a captured one, and run rounds of plain step, captured
-network's unselected step, captured network's selected step (see ``graph_worker``).
+Every worker builds two networks from the same seed, a plain one and one to capture (attached
+for mf_celldump), warms both up (``--warmup`` steps each, then one captured step, excluded),
+and runs ``--steps`` rounds (default 30: the samples per side) of three steps in one process:
+the plain network, the attached network on an unselected step, the attached network on a
+selected step (msprobe's workers have no unselected step). What users pay is measured against
+their network without capture: ``unselected_ratio`` = unselected / plain and
+``selected_ratio`` = selected / plain, with 95% intervals, and each side's median with its
+interval (``plain_median_ms``, ``unselected_median_ms``, ``selected_median_ms``); the load
+average is recorded at each worker's start and end. The old ratio, selected / unselected of
+the attached network (``interleaved_ratio_95ci``), stays as a breakdown column: in graph mode
+before the unselected step ran without capture ops, it hid what attaching cost.
 mf_celldump workers time the step-path pieces (``_Timers``: backend faces, gradient
 hooks, the writer and its thread, ``end_step``) per captured step: the breakdown.
 A step's time covers everything the capture adds around it:
@@ -438,32 +441,6 @@ def _worker_capture(name: str, args, net, train, step: int, workdir: str):
     return _MfCapture(train, dump_path, task, backend, steps=selected, data_mode=data_mode), dump_path, timers
 
 
-def _measured_steps(args, train, batches, capture, step: int, dump, timers) -> dict:
-    """``args.steps`` captured steps (each after an uncaptured one of the attached network when
-    ``timers``), optionally under cProfile: their times, files, bytes, losses and breakdown."""
-    profiler = None
-    if args.profile:
-        import cProfile
-
-        profiler = cProfile.Profile()
-    got = {"times": [], "files": [], "nbytes": [], "losses": [], "interleaved": [], "breakdown": []}
-    for _ in range(args.steps):
-        if timers is not None:
-            got["interleaved"] += _timed_steps(train, batches, capture, step, 1, dump, True)[0]
-            step += 1
-        if profiler is not None:
-            profiler.enable()
-        one = _timed_steps(train, batches, capture, step, 1, dump, True, timers, breakdown=got["breakdown"])
-        if profiler is not None:
-            profiler.disable()
-        step += 1
-        for field_name, part in zip(("times", "files", "nbytes", "losses"), one):
-            got[field_name] += part
-    if profiler is not None:
-        profiler.dump_stats(args.profile_out)
-    return got
-
-
 def _switch_interval_experiment() -> None:
     """``MF_BENCH_SWITCH_INTERVAL`` (seconds): the interpreter's GIL switch interval for this worker, to see
     how much of the writer thread's time inside a step is waiting for the lock (default 0.005)."""
@@ -471,42 +448,104 @@ def _switch_interval_experiment() -> None:
         sys.setswitchinterval(float(os.environ["MF_BENCH_SWITCH_INTERVAL"]))
 
 
+def _rounds(args, plain, train, batches, capture, first: int, timers, dump) -> dict:
+    """``args.steps`` rounds, each: the plain network, the attached network on an unselected step
+    (``first`` + 2i), the attached network on a selected step (``first`` + 2i + 1; under cProfile
+    with ``--profile``). Interleaved, so the three sides see the same load."""
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    nocap = _NoCapture()
+    got = {"plain": [], "unselected": [], "times": [], "files": [], "nbytes": [], "losses": [], "breakdown": []}
+    step = first
+    for _ in range(args.steps):
+        got["plain"] += _timed_steps(plain, batches, nocap, step, 1, None, True)[0]
+        if timers is not None:  # mf_celldump: an unselected step of the attached network
+            got["unselected"] += _timed_steps(train, batches, capture, step, 1, dump, True)[0]
+        if profiler is not None:
+            profiler.enable()
+        one = _timed_steps(train, batches, capture, step + 1, 1, dump, True, timers, breakdown=got["breakdown"])
+        if profiler is not None:
+            profiler.disable()
+        for field_name, part in zip(("times", "files", "nbytes", "losses"), one):
+            got[field_name] += part
+        step += 2
+    if profiler is not None:
+        profiler.dump_stats(args.profile_out)
+    return got
+
+
+def _median_interval(values, rounds: int = 2000):
+    """95% bootstrap interval of the median of ``values`` (None with under 8 of them)."""
+    import numpy as np
+
+    if len(values) < 8:
+        return None
+    rng = np.random.default_rng(0)
+    data = np.asarray(values, dtype=float)
+    medians = np.median(data[rng.integers(0, len(data), (rounds, len(data)))], axis=1)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _what_users_pay(plain, unselected, selected) -> dict:
+    """The headline fields: the plain network's, an unselected step's and a selected step's median with
+    their intervals, and the two ratios against the plain network (the steps of one process, interleaved)."""
+    fields = {}
+    for name, values in (("plain", plain), ("unselected", unselected), ("selected", selected)):
+        fields[f"{name}_ms"] = values
+        fields[f"{name}_median_ms"] = stats_mod.median(values) if values else None
+        fields[f"{name}_median_95ci"] = _median_interval(values) if values else None
+    for name, values in (("unselected", unselected), ("selected", selected)):
+        ok = values and plain
+        fields[f"{name}_ratio"] = stats_mod.median(values) / stats_mod.median(plain) if ok else None
+        fields[f"{name}_ratio_95ci"] = _ratio_interval(values, plain) if ok else None
+    fields["samples_per_side"] = min(len(v) for v in (plain, unselected, selected) if v)
+    return fields
+
+
 def worker(args) -> dict:
+    """PyNative: a plain network and an attached one built from the same seed, in one process, measured in
+    rounds (``_rounds``); msprobe's workers have no unselected step (every step of theirs is captured)."""
     import mindspore  # noqa: F401  -- before msprobe (protobuf descriptor order)
 
     name = args.worker
     workdir = os.getcwd()
+    loadavg_start = os.getloadavg()
     _switch_interval_experiment()
     net, train = _build(args.seed)
-    batches = _batches(args.warmup + args.inproc_baseline + 1 + args.steps, args.seed)
-    # 1) uncaptured warm-up, 2) same-process uncaptured baseline, 3) capture on
+    _net_plain, plain = _build(args.seed)
+    batches = _batches(args.warmup + 2 * args.steps + 2, args.seed)
+    _timed_steps(plain, batches, _NoCapture(), 0, args.warmup, None, False)
     _timed_steps(train, batches, _NoCapture(), 0, args.warmup, None, False)
     step = args.warmup
-    inproc = []
-    if name != "baseline":
-        inproc = _timed_steps(train, batches, _NoCapture(), step, args.inproc_baseline, None, True)[0]
-        step += args.inproc_baseline
     capture, dump, timers = _worker_capture(name, args, net, train, step, workdir)
     _timed_steps(train, batches, capture, step, 1, dump, False)  # captured warm-up
-    got = _measured_steps(args, train, batches, capture, step + 1, dump, timers)
+    if name == "baseline":  # the plain network against itself: what noise alone gives
+        capture, train = _NoCapture(), plain
+    got = _rounds(args, plain, train, batches, capture, step + 1, timers, dump)
     capture.close()
     if timers is not None:
         timers.restore()
     if name.startswith("mf_"):
         got["files"], got["nbytes"] = _raw_step_sizes(os.path.join(workdir, "dump"))
-    times, interleaved = got["times"], got["interleaved"]
+    times, interleaved = got["times"], got["unselected"]
     result = {
         "config": name,
         "backend": getattr(capture, "backend", None),
         "cells": getattr(capture, "cells", None),
+        **_what_users_pay(got["plain"], interleaved, times),
         "step_ms": times,
         "median_ms": stats_mod.median(times),
         "min_ms": min(times),
-        "inproc_baseline_ms": inproc,
-        "inproc_baseline_median_ms": stats_mod.median(inproc) if inproc else None,
+        "inproc_baseline_ms": got["plain"],
+        "inproc_baseline_median_ms": stats_mod.median(got["plain"]),
         "files_per_step": got["files"],
         "bytes_per_step": got["nbytes"],
         "losses": got["losses"],
+        "loadavg_start": loadavg_start,
         "loadavg_end": os.getloadavg(),
         "captured_per_step": _composition(os.path.join(workdir, "dump")) if name.startswith("mf_") else None,
         "interleaved_uncaptured_ms": interleaved,
@@ -529,6 +568,7 @@ def graph_worker(args) -> dict:
     name = args.worker
     task = "tensor" if "tensor" in name else "statistics"
     dump_path = os.path.join(os.getcwd(), "dump")
+    loadavg_start = os.getloadavg()
     _switch_interval_experiment()
     _net_plain, plain = _build(args.seed, graph=True)
     _net_cap, train = _build(args.seed, graph=True)
@@ -569,6 +609,7 @@ def graph_worker(args) -> dict:
         "config": name,
         "backend": capture.backend,
         "cells": capture.cells,
+        **_what_users_pay(plain_ms, unselected_ms, times),
         "step_ms": times,
         "median_ms": stats_mod.median(times),
         "min_ms": min(times),
@@ -580,6 +621,7 @@ def graph_worker(args) -> dict:
         "files_per_step": files,
         "bytes_per_step": nbytes,
         "losses": losses,
+        "loadavg_start": loadavg_start,
         "loadavg_end": os.getloadavg(),
         "captured_per_step": _composition(dump_path),
         "breakdown": _median_breakdown(breakdown),
@@ -925,8 +967,6 @@ def _run_worker(name: str, args) -> dict:
         str(args.steps),
         "--warmup",
         str(args.warmup),
-        "--inproc-baseline",
-        str(args.inproc_baseline),
         "--seed",
         str(args.seed),
         "--size",
@@ -981,34 +1021,41 @@ def _ratio_interval(captured, uncaptured, rounds: int = 2000):
     return float(low), float(high)
 
 
+def _ratio_text(ratio, interval) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+
+
 def _table(results, base_ms) -> str:
-    """x no-capture: against the PyNative baseline worker (another process; PyNative rows only).
-    x same-process: against uncaptured steps before attach (PyNative) or the plain compiled network
-    (graph). x interleaved: against the attached network's unselected steps, run alternately."""
+    """What users pay: unselected / plain and selected / plain, the plain network's steps run in the same
+    process, interleaved with the attached network's (95% intervals). Breakdown column: selected / unselected
+    (the old headline ratio); x no-capture: against the ``baseline`` worker (another process)."""
     head = (
-        "| configuration | backend | ms/step (median) | min | x no-capture | x same-process baseline "
-        "| x interleaved uncaptured (95% interval) | files/step | MB/step |"
+        "| configuration | backend | plain ms | unselected ms | selected ms | unselected / plain (95%) "
+        "| selected / plain (95%) | samples/side | load avg start-end | old ratio: selected / unselected (95%) "
+        "| x no-capture | files/step | MB/step |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for res in results:
         if "error" in res:
-            lines.append(f"| {res['config']} | FAILED: {res['error']} | | | | | | | |")
+            lines.append(f"| {res['config']} | FAILED: {res['error']} |" + " |" * 11)
             continue
         med = res["median_ms"]
         graph = res["config"] in GRAPH_CONFIGS
         ratio = f"{med / base_ms:.2f}" if base_ms and not graph else "-"
-        inproc = res.get("inproc_baseline_median_ms")
-        inproc_ratio = f"{med / inproc:.2f}" if inproc else "-"
         inter = res.get("interleaved_uncaptured_median_ms")
-        inter_ratio = f"{med / inter:.2f}" if inter else "-"
-        interval = res.get("interleaved_ratio_95ci")
-        if interval:
-            inter_ratio += f" ({interval[0]:.2f}-{interval[1]:.2f})"
+        old = _ratio_text(med / inter if inter else None, res.get("interleaved_ratio_95ci"))
         files = stats_mod.median(res["files_per_step"]) if res["files_per_step"] else 0
         mb = stats_mod.median(res["bytes_per_step"]) / 1e6 if res["bytes_per_step"] else 0
+        ms = [f"{res[k]:.0f}" if res.get(k) is not None else "-"
+              for k in ("plain_median_ms", "unselected_median_ms", "selected_median_ms")]
+        load = f"{res['loadavg_start'][0]:.1f}-{res['loadavg_end'][0]:.1f}" if res.get("loadavg_start") else "-"
         lines.append(
-            f"| {res['config']} | {res.get('backend') or '-'} | {med:.0f} | {res['min_ms']:.0f} "
-            f"| {ratio} | {inproc_ratio} | {inter_ratio} | {files:.0f} | {mb:.2f} |"
+            f"| {res['config']} | {res.get('backend') or '-'} | {' | '.join(ms)} "
+            f"| {_ratio_text(res.get('unselected_ratio'), res.get('unselected_ratio_95ci'))} "
+            f"| {_ratio_text(res.get('selected_ratio'), res.get('selected_ratio_95ci'))} "
+            f"| {res.get('samples_per_side', '-')} | {load} | {old} | {ratio} | {files:.0f} | {mb:.2f} |"
         )
     return "\n".join(lines)
 
@@ -1027,7 +1074,8 @@ def _run_section(names, args) -> list:
         else:
             print(
                 f"[bench] {name}: median {res['median_ms']:.0f} ms/step "
-                f"(same-process baseline {res.get('inproc_baseline_median_ms') or 0:.0f} ms), "
+                f"(plain {res.get('plain_median_ms') or 0:.0f} ms, unselected "
+                f"{res.get('unselected_median_ms') or 0:.0f} ms), "
                 f"{stats_mod.median(res['files_per_step']) if res['files_per_step'] else 0:.0f} files/step, "
                 f"wall {res['wall_s']:.0f} s",
                 flush=True,
@@ -1093,7 +1141,6 @@ def driver(args) -> int:
         "model": dict(MODEL, layers="LlamaForCausalLM (legacy)", dtype="float32"),
         "steps": args.steps,
         "warmup": args.warmup,
-        "inproc_baseline": args.inproc_baseline,
         "command": " ".join([sys.executable] + sys.argv),
         "loadavg_start": os.getloadavg(),
     }
@@ -1157,14 +1204,10 @@ def driver(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="measured captured steps per configuration")
+    parser.add_argument("--steps", type=int, default=30,
+                        help="rounds per configuration, each one plain, one unselected and one selected step "
+                             "(the samples per side; lower it only for quick runs)")
     parser.add_argument("--warmup", type=int, default=2, help="uncaptured warm-up steps (excluded)")
-    parser.add_argument(
-        "--inproc-baseline",
-        type=int,
-        default=3,
-        help="uncaptured steps measured in each capture worker before capture starts",
-    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
                         help="LLaMA section: tiny (hidden 128, seq 64) or large (hidden 512, seq 256, 8 heads)")

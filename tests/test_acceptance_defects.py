@@ -21,6 +21,7 @@ from mf_celldump.capture.backends import tensordump as tensordump_backend
 from mf_celldump.capture.backends.kbk_statistics import KbkStatisticsBackend
 from mf_celldump.capture.backends.tensordump import TensorDumpBackend
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
+from mf_celldump.capture.graph_switch import GraphSwitch
 from mf_celldump.integrations.run import TrainingRun
 from mf_celldump.processing import entries, entry_build
 from tests.support.ascend_emulation import AscendEmulator
@@ -65,6 +66,23 @@ def _no_waiting_for_the_writer(patch):
     patch.setattr(TrainingRun, "_wait_s", lambda self, failed=False: 0.0)
 
 
+def _captured_graph_on_every_step(patch):
+    """Every step runs the graph with capture ops, as every step of a selected sink does in dataset sink mode
+    (one graph runs sink_size steps; ``capture/graph_switch.py``): elsewhere an unselected step runs a graph
+    without TensorDump, and the two defects below that act on unselected steps could not show."""
+    patch.setattr(GraphSwitch, "compiles_captured", lambda self: True)
+
+
+def _markers_only_on_captured_steps_every_step_captured(patch):
+    _captured_graph_on_every_step(patch)
+    _markers_only_on_captured_steps(patch)
+
+
+def _empty_filter_for_nothing_every_step_captured(patch):
+    _captured_graph_on_every_step(patch)
+    _empty_filter_for_nothing(patch)
+
+
 def _empty_filter_for_nothing(patch):
     """No selected step left: the empty list (MindSpore: every step) instead of an unreachable step."""
     patch.setattr(GraphStepMap, "mindspore_filter", lambda self: [] if self.counters is None else list(self.counters))
@@ -106,10 +124,10 @@ def _iteration_from_the_process_start(patch):
 
 DEFECTS = {
     # label: (scenario, how it is re-injected)
-    ac.STEP_MARKERS: ("steps", _markers_only_on_captured_steps),
+    ac.STEP_MARKERS: ("steps", _markers_only_on_captured_steps_every_step_captured),
     ac.STEP_DONE: ("steps", _no_step_done_marker),
     ac.WRITER_RACE: ("steps", _no_waiting_for_the_writer),
-    ac.EMPTY_FILTER: ("past", _empty_filter_for_nothing),
+    ac.EMPTY_FILTER: ("past", _empty_filter_for_nothing_every_step_captured),
     ac.IN_PAIRING: ("in_pairing", _gradient_hook_in_the_same_mode),
     ac.TD_FLAG: ("statistics", lambda p: p.setattr(TensorDumpBackend, "_mark_forward_primitives", lambda self: None)),
     ac.KBK_ITERATION: ("statistics_resumed", _iteration_from_the_process_start),

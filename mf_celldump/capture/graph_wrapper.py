@@ -350,9 +350,16 @@ def _capturers(probe: GraphProbe, extend: Callable, uses_in: Callable, class_nam
     return capture, capture_items, capture_output, after
 
 
+def _always_captured(cell_id):
+    return False
+
+
 def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, sources: GeneratedSources,
-                    gaps: Optional[GradientGapLog] = None) -> Callable:
-    """A graph-parsable ``construct`` capturing through the backend's graph face."""
+                    gaps: Optional[GradientGapLog] = None, plain: Optional[Callable] = None) -> Callable:
+    """A graph-parsable ``construct`` capturing through the backend's graph face.
+
+    ``plain(cell_id)``: a ``constexpr`` answering, while a graph is compiled, whether that graph is the
+    one without capture ops (``graph_switch``); the wrapper then calls the original and nothing else."""
     original = selected.cell.construct
     slots = param_slots(original, selected.params)
     in_flags = tuple(modes.input_mode(i) == "in" for i in range(len(modes.input_modes)))
@@ -365,11 +372,12 @@ def graph_construct(selected: SelectedCell, modes: ArgModes, face: GraphFace, so
     helpers = _graph_helpers(probe, records_constants, face.call_function(),
                              record_inputs(selected.cell_id) if record_inputs is not None else None,
                              type(selected.cell).__name__, gaps)
+    plain = plain or _always_captured
     if any(slot.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for slot in slots):
         return _varargs_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
-                                        records_constants is not None)
+                                        records_constants is not None, plain)
     return _generated_graph_construct(original, slots, heads, in_flags, out_flags, helpers,
-                                      records_constants is not None, sources)
+                                      records_constants is not None, sources, plain)
 
 
 def _literal(value) -> Optional[str]:
@@ -391,6 +399,7 @@ class _WrapperText:
 
     params: List[str]  # its signature
     body: List[str]  # the tie before or after the captures, then the defaults put back
+    fill: List[str]  # the defaults put back alone (the graph without capture ops)
     call: List[str]  # the original's arguments
     constants: List[str]  # constants_of(...) terms of the call's note
 
@@ -398,7 +407,7 @@ class _WrapperText:
 def _wrapper_text(slots: List[ParamSlot], heads, in_flags) -> _WrapperText:
     """Source lines for each parameter: a defaulted one gets ``UNPASSED`` as its default and its
     real default back after the captures, so what the caller left out is not recorded."""
-    text = _WrapperText(["self"], [], [], [])
+    text = _WrapperText(["self"], [], [], [], [])
     positional, fill = [], []
     for slot in slots:
         if slot.kind == inspect.Parameter.KEYWORD_ONLY and "*" not in text.params:
@@ -428,12 +437,13 @@ def _wrapper_text(slots: List[ParamSlot], heads, in_flags) -> _WrapperText:
         text.body.insert(0, f"({names},) = _mfcd_tie_first(({names},))")
         text.body.append(f"({names},) = _mfcd_tie(({names},))")
     text.body.extend(fill)  # after capture: an argument the caller left out is not recorded (msprobe's rule)
+    text.fill = fill
     return text
 
 
 def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags, out_flags,
                                helpers: _GraphHelpers, records_constants: bool,
-                               sources: GeneratedSources) -> Callable:
+                               sources: GeneratedSources, plain: Callable) -> Callable:
     """Source for a wrapper with exactly the original's parameters, compiled and registered."""
     text = _wrapper_text(slots, heads, in_flags)
     params, body, call, constants = text.params, text.body, text.call, text.constants
@@ -445,9 +455,12 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     lines = [
         "def _mfcd_make(_mfcd_original, _mfcd_capture, _mfcd_capture_output, _mfcd_after, _mfcd_note_constants,",
         "               _mfcd_constants_of, _mfcd_out_head, _mfcd_out_flags, _mfcd_ranked, _mfcd_next_rank,",
-        "               _mfcd_tie_first, _mfcd_tie, _mfcd_call_number, _mfcd_default"
+        "               _mfcd_tie_first, _mfcd_tie, _mfcd_call_number, _mfcd_default, _mfcd_plain"
         f"{''.join(f', _mfcd_d{k}' for k in range(len(defaults)))}):",
         f"    def construct({', '.join(params)}):",
+        f"        if _mfcd_plain({heads[SLOT_ARG][0]!r}):",  # folded at compile time: the graph without capture
+        *[f"            {line}" for line in text.fill],
+        f"            return _mfcd_original({', '.join(call)})",
         f"        _mfcd_call = _mfcd_call_number({heads[SLOT_ARG][0]!r})",
         f"        {note}",
         "        _mfcd_rank = 0",
@@ -464,7 +477,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
     make = namespace["_mfcd_make"]
     construct = make(original, helpers.capture, helpers.capture_output, helpers.after, helpers.note_constants,
                      helpers.constants_of, heads[SLOT_OUTPUT], out_flags, helpers.ranked, helpers.next_rank,
-                     helpers.tie_first, helpers.tie, helpers.call_number, helpers.default, *defaults)
+                     helpers.tie_first, helpers.tie, helpers.call_number, helpers.default, plain, *defaults)
     construct.__defaults__ = tuple(
         UNPASSED for slot in slots
         if slot.kind != inspect.Parameter.KEYWORD_ONLY and slot.default is not inspect.Parameter.empty
@@ -477,7 +490,7 @@ def _generated_graph_construct(original, slots: List[ParamSlot], heads, in_flags
 
 
 def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, out_flags,
-                             helpers: _GraphHelpers, records_constants: bool) -> Callable:
+                             helpers: _GraphHelpers, records_constants: bool, plain: Callable) -> Callable:
     """For a construct taking ``*args``/``**kwargs``: positional values by position, named
     keywords by their parameter's slot, other keywords passed through."""
     from mindspore.ops.primitive import constexpr
@@ -527,6 +540,8 @@ def _varargs_graph_construct(original, slots: List[ParamSlot], heads, in_flags, 
         return kwargs_after(kwargs, names[1:], note)
 
     def construct(self, *args, **kwargs):
+        if plain(cell_id):  # folded at compile time: the graph without capture ops
+            return original(*args, **kwargs)
         call = call_number(cell_id)
         note = 0
         if records_constants:

@@ -122,15 +122,25 @@ class ParameterCapture:
 
     # -- gradients ---------------------------------------------------------------------
     def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[GradientProbe],
-                          in_control_flow: bool = True) -> None:
-        """PyNative: hook the parameters; graph mode: wrap the optimizer inside ``network`` (not where a wrapper
-        calls it under a run-time condition, when the probes may not run in control flow)."""
+                          in_control_flow: bool = True, plain: Optional[Callable] = None) -> None:
+        """Graph mode: wrap the optimizer inside ``network`` (not where a wrapper calls it under a run-time
+        condition, when the probes may not run in control flow). PyNative: nothing yet, the parameters are
+        hooked for each captured step only (``hook_step``)."""
         if not (self.config.captures_weight_gradients and self.owners):
             return
         if graph_mode:
-            self.wrap_optimizer(network, gradient_probe, in_control_flow)
-        else:
+            self.wrap_optimizer(network, gradient_probe, in_control_flow, plain)
+
+    def hook_step(self) -> None:
+        """PyNative, a captured step begins: hook the parameters until ``unhook`` (its end), so an unselected
+        step's backward calls no Python hook."""
+        if self.config.captures_weight_gradients and self.owners and not self.hook_handles:
             self.hook_parameters()
+
+    def unhook(self) -> None:
+        for handle in self.hook_handles:
+            handle.remove()
+        self.hook_handles.clear()
 
     def hook_parameters(self) -> None:
         seen = set()
@@ -153,7 +163,8 @@ class ParameterCapture:
 
         return hook
 
-    def wrap_optimizer(self, network, gradient_probe: Optional[GradientProbe], in_control_flow: bool = True) -> None:
+    def wrap_optimizer(self, network, gradient_probe: Optional[GradientProbe], in_control_flow: bool = True,
+                       plain: Optional[Callable] = None) -> None:
         """Wrap the optimizer inside ``network`` so the gradients it receives are recorded (graph mode)."""
         optimizer = find_optimizer(network)
         if optimizer is None:
@@ -176,7 +187,7 @@ class ParameterCapture:
                            "parameters_grad is not recorded")
             return
         check_probe(gradient_probe, GradientProbe, "graph")
-        construct = _graph_optimizer_construct(optimizer.construct, table, gradient_probe)
+        construct = _graph_optimizer_construct(optimizer.construct, table, gradient_probe, plain)
         if construct is not None:
             self.installed.append(install(optimizer, construct))
             logger.info("parameters_grad: the gradients %s receives, for %d parameters of captured cells",
@@ -210,9 +221,7 @@ class ParameterCapture:
             self.sink.statistics(key, mindspore_dtype_name(dtype), array.shape, stats, seq)
 
     def restore(self) -> None:
-        for handle in self.hook_handles:
-            handle.remove()
-        self.hook_handles.clear()
+        self.unhook()
         for installed in reversed(self.installed):
             installed.restore()
         self.installed.clear()
@@ -245,11 +254,17 @@ def find_optimizer(network):
     return None
 
 
-def _graph_optimizer_construct(original, table: Dict[int, List[_Owner]], probe: GradientProbe) -> Optional[Callable]:
+def _never_plain(marker):
+    return False
+
+
+def _graph_optimizer_construct(original, table: Dict[int, List[_Owner]], probe: GradientProbe,
+                               plain: Optional[Callable] = None) -> Optional[Callable]:
     """Source for an optimizer ``construct`` that passes each mapped gradient through ``probe``.
 
     Straight-line code (no loop, see graph_wrapper's notes), the original's explicit
-    parameters, closures only; the first parameter is the gradients tuple.
+    parameters, closures only; the first parameter is the gradients tuple. ``plain``: the
+    ``constexpr`` of ``graph_switch`` (the graph without capture ops calls the original alone).
     """
     try:
         params = list(inspect.signature(original).parameters.values())
@@ -271,8 +286,10 @@ def _graph_optimizer_construct(original, table: Dict[int, List[_Owner]], probe: 
         items.append(expr)
     rest = "".join(f", {n}" for n in names[1:])
     lines = [
-        "def _mfcd_make(_mfcd_original, _mfcd_probe):",
+        "def _mfcd_make(_mfcd_original, _mfcd_probe, _mfcd_plain):",
         f"    def construct(self, {', '.join(signature)}):",
+        "        if _mfcd_plain(-1):",
+        f"            return _mfcd_original({grads}{rest})",
         f"        _mfcd_grads = ({', '.join(items)},) + {grads}[{max(table) + 1}:]",
         f"        return _mfcd_original(_mfcd_grads{rest})",
         "    return construct",
@@ -283,7 +300,7 @@ def _graph_optimizer_construct(original, table: Dict[int, List[_Owner]], probe: 
     linecache.cache[file_name] = (len(source), None, source.splitlines(True), file_name)
     namespace = {"__name__": _GENERATED_MODULE}
     exec(compile(source, file_name, "exec"), namespace)  # noqa: S102 - our own generated source
-    construct = namespace["_mfcd_make"](original, probe)
+    construct = namespace["_mfcd_make"](original, probe, plain or _never_plain)
     defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
     construct.__defaults__ = defaults or None
     return construct

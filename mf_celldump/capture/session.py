@@ -29,6 +29,7 @@ from mf_celldump.capture.backends import (
     create_backend,
 )
 from mf_celldump.capture.construct import GradientGapLog, InstalledConstruct, install, surplus_mode_warnings
+from mf_celldump.capture.graph_switch import GraphSwitch
 from mf_celldump.capture.graph_wrapper import GeneratedSources, graph_construct
 from mf_celldump.capture.micro_batches import MicroBatches, mindspore_parallel_settings
 from mf_celldump.capture.micro_batches import detect as detect_micro_batches
@@ -157,6 +158,8 @@ class CellDump:
         self._sources = GeneratedSources()
         self._parameters: Optional[ParameterCapture] = None
         self._running: Optional[int] = None  # the step between begin_step and end_step
+        self._chosen: set = set()  # steps selected while training runs (``select_step``)
+        self.switch: Optional[GraphSwitch] = None  # graph mode: which compiled graph a step runs
         self._primitives = primitives  # AscendPrimitives given to attach(), else None
         self.micro_batches: Optional[MicroBatches] = None  # where backward captures are paired by order
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
@@ -233,11 +236,16 @@ class CellDump:
     def _wrap_cells(self, graph_mode: bool) -> None:
         modes = _layer_modes(self.config, self.cells, self.model)
         face = self.backend.graph() if graph_mode else self.backend.pynative()
+        plain = None
+        if graph_mode:
+            self.switch = GraphSwitch(self.runtime)
+            self.switch.add_entry(self.network)
+            plain = self.switch.plain_function()
         gaps = GradientGapLog()  # one log line per cell class and reason, per attach
         for selected in self.cells:
             arg_modes = modes.get(selected.name, DEFAULT_MODES)
             if graph_mode:
-                construct = graph_construct(selected, arg_modes, face, self._sources, gaps)
+                construct = graph_construct(selected, arg_modes, face, self._sources, gaps, plain)
             else:
                 construct = pynative_construct(selected, arg_modes, face, self.runtime,
                                                self.config.captures_forward, self.config.captures_backward, gaps)
@@ -247,7 +255,7 @@ class CellDump:
                                                           [(s.cell_id, s.cell) for s in self.cells])
             self._parameters.capture_gradients(self.network, graph_mode,
                                                face.gradient_probe_function() if graph_mode else None,
-                                               not graph_mode or face.dumps_in_control_flow)
+                                               not graph_mode or face.dumps_in_control_flow, plain)
 
     def _manifest(self, graph_mode: bool) -> Manifest:
         import mindspore as ms
@@ -285,6 +293,8 @@ class CellDump:
         for installed in reversed(self._installed):
             installed.restore()
         self._installed.clear()
+        if self.switch is not None:
+            self.switch.close()
         self._sources.remove()
         self.runtime.closed = True
         self.runtime.stop_step()
@@ -298,7 +308,30 @@ class CellDump:
 
     # -- the step state machine: idle -> running(step) -> idle ---------------------------
     def step_selected(self, step: int) -> bool:
-        return self.backend is not None and self.runtime.rank_selected and step in self.config.steps
+        return (self.backend is not None and self.runtime.rank_selected
+                and (step in self.config.steps or step in self._chosen))
+
+    def select_step(self, step: int) -> None:
+        """Capture global step ``step`` too, though ``steps`` did not select it: a step chosen while training
+        runs (a rule that fires). Call it before ``begin_step(step)``; in graph mode the graph with capture
+        ops is compiled at the first selected step, whichever it is.
+
+        Refuses a bad step (``StepError``), a detached handle, and a dump that captures nothing on this rank
+        or has no step left to capture at attach (``AttachError``: no capture op was installed).
+        """
+        step = checked_step(step)
+        if not self.attached:
+            raise AttachError(f"select_step({step}): this dump of {type(self.model).__name__} is detached; "
+                              "attach again to capture more steps")
+        if self.backend is None:
+            raise AttachError(f"select_step({step}): nothing is captured on rank {self.rank} (ranks="
+                              f"{self.config.ranks.describe()}, steps={self.config.steps.describe()} from step "
+                              f"{self.initial_step}), so no capture op was installed; attach with this rank in "
+                              "ranks and a steps value that leaves a step to capture")
+        if self.backend.steps_fixed_at_attach:
+            raise AttachError(f"select_step({step}): the {self.backend.name} backend has MindSpore select its "
+                              "steps from a list given at attach; name the step in steps, or use backend host")
+        self._chosen.add(step)
 
     @property
     def writes_later(self) -> bool:
@@ -331,6 +364,10 @@ class CellDump:
             self.writer.prepare_step(step)
         self.runtime.start_step(step, selected)
         self._running = step
+        if self.switch is not None:
+            self.switch.select(self.runtime.active)
+        elif self._parameters is not None and self.runtime.active:
+            self._parameters.hook_step()
         if self.attached and self.backend is not None and self.backend.begin_step(step, self.runtime.active):
             self.writer.write_manifest(self._manifest(self.graph_mode))
         if self._parameters is not None and self.runtime.active:
@@ -348,10 +385,13 @@ class CellDump:
             return None
         step, captured = self._running, self.runtime.active
         if self._parameters is not None and captured:
+            self._parameters.unhook()
             self._parameters.flush()
         if self.backend is not None and self.attached:
             self.backend.end_step(step, captured)
         self.runtime.stop_step()
+        if self.switch is not None:
+            self.switch.release()
         self._running = None
         if captured:
             if not self.writes_later:
@@ -375,6 +415,7 @@ class CellDump:
             return None
         step, captured = self._running, self.runtime.active
         if self._parameters is not None:
+            self._parameters.unhook()
             self._parameters.drop_pending()
         if self.backend is not None and self.attached:
             try:
@@ -383,6 +424,8 @@ class CellDump:
                 logger.warning("could not end step %d in the %s backend after the failure: %s", step,
                                self.backend.name, err)
         self.runtime.stop_step()
+        if self.switch is not None:
+            self.switch.release()
         self._running = None
         return StepEnd(step, captured, completed=False)
 

@@ -213,6 +213,12 @@ class CaptureBackend:
         return False
 
     @property
+    def steps_fixed_at_attach(self) -> bool:
+        """True when MindSpore selects the captured steps from a list given before training (TensorDump's
+        step filter, the kernel-by-kernel dump's iterations): no step can be added while training runs."""
+        return False
+
+    @property
     def last_unselected_step(self) -> Optional[int]:
         """The last step whose raw files MindSpore writes although it was not selected (another
         TensorDump user keeps the process-wide step filter open), when no selected step ran

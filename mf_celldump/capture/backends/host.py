@@ -221,6 +221,9 @@ class HostBackend(CaptureBackend):
         # (key bytes, direction, call) -> the probe key it decodes to (None: not recorded). Bounded by the
         # compiled probes times the calls of a step; decoding costs ~7 µs a value, a look-up ~0.2.
         self._decoded: Dict[tuple, Optional[ProbeKey]] = {}
+        # Capture ops whose Python body ran, selected step or not (the call counter included): in graph
+        # mode an unselected step runs a graph without them and leaves this unchanged (graph_switch).
+        self.ops_run = 0
 
     def _make_probe_ops(self, forward_enabled: bool, backward_enabled: bool) -> None:
         """The call counter (graph mode), and the probes ``(x, key, call)``: ``call`` is the counter's
@@ -228,6 +231,7 @@ class HostBackend(CaptureBackend):
         runtime = self.context.runtime
 
         def call_body(cell):
+            self.ops_run += 1
             number = runtime.next_call(int(np.asarray(cell).reshape(-1)[0])) if runtime.active else UNKNOWN_CALL
             return np.full(np.shape(cell), number, np.int32)
 
@@ -316,6 +320,7 @@ class HostBackend(CaptureBackend):
     def _probe(self, key, direction: str, call) -> Optional[ProbeKey]:
         """The probe key a capture op received, or None when nothing is to be recorded; writes the call's
         constants when its first forward probe runs."""
+        self.ops_run += 1
         if not self.context.runtime.active:
             return None
         codes = np.asarray(key).reshape(-1)

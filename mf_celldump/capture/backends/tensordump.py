@@ -101,6 +101,10 @@ class TensorDumpBackend(CaptureBackend):
         return self.shared
 
     @property
+    def steps_fixed_at_attach(self) -> bool:
+        return self.graph_mode
+
+    @property
     def last_unselected_step(self) -> Optional[int]:
         return self._last_unselected
 
