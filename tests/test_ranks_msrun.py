@@ -47,7 +47,7 @@ def survivors_finished(job: Job) -> bool:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     root, dump, job = _train(tmp_path_factory, "two_ranks", 2, [
-        "--mode", "graph", "--dump", "task=tensor",
+        "--mode", "graph", "--dump", "task=tensor", "--dump", "rank_verdict=true",
         "--fault", "weight:rank=1:step=1:cell=layers.0.up",
         "--fault", "scale:rank=1:step=2:cell=layers.1:factor=100",
         "--fault", "nan:rank=1:step=3:cell=layers.2",
@@ -60,7 +60,7 @@ def two_ranks(tmp_path_factory):
 def four_ranks(tmp_path_factory):
     root, dump, job = _train(tmp_path_factory, "four_ranks", 4, [
         "--mode", "pynative", "--dump", "task=statistics", "--dump", "statistics=[max,min,mean,norm,md5]",
-        "--dump", "rank_verdict_timeout=10",
+        "--dump", "rank_verdict=true", "--dump", "rank_verdict_timeout=10",
         "--fault", "weight:rank=2:step=1:cell=layers.0.up",
         "--fault", "scale:rank=1:step=2:cell=layers.1:factor=100",
         "--fault", "nan:rank=2:step=3:cell=layers.2",
@@ -98,6 +98,14 @@ def test_two_ranks_rank0_logs_one_verdict_line_per_step_naming_each_fault(two_ra
     assert lines[3].startswith("step 3: rank 1: first NaN at layers.2 (forward)")
     assert not verdict_lines(job, 1), "only rank 0 logs the verdict"
     assert "rank 1 finished training" in job.log(1)
+
+
+def test_each_rank_registers_once_with_rank0s_store_and_rank0_logs_no_registration(two_ranks, four_ranks):
+    """One client per rank for the whole run, and the store's per-registration warnings stay in its child."""
+    for job, ranks in ((two_ranks[2], (0, 1)), (four_ranks[2], (0, 1, 2, 3))):
+        for rank in ranks:
+            assert job.log(rank).count("mf_celldump: ranks: registered with rank 0's store at") == 1, job.tails()
+        assert "ProcessRegister" not in job.log(0)
 
 
 def test_four_ranks_verdict_names_the_faulty_ranks_and_the_rank_that_died(four_ranks):
