@@ -49,10 +49,9 @@ from typing import Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 10.0  # a client's connect (and get) timeout: bounds every call to a gone rank 0
-# A rank's registration, at attach, on its posting thread (training does not wait for it): thousands of
-# ranks register at once, and the store serves them one by one (docs/ranks.md, "At scale").
-REGISTER_TIMEOUT_S = 60.0
+# A client's connect (and call) timeout: bounds every call to a slow or gone rank 0. Kept short because a
+# TCPStore call holds the Python GIL while it waits: it pauses every thread of the rank, training included.
+CONNECT_TIMEOUT_S = 10.0
 SERVER_START_S = 120.0  # the child imports MindSpore (2-5 s alone; longer on a loaded host)
 HCCL_BASE_PORT_ENV = "HCCL_IF_BASE_PORT"
 HCCL_DEFAULT_BASE_PORT = 60000
@@ -228,7 +227,8 @@ class StoreClient:
     """This process's one connection to rank 0's store, kept for the run (one registration with its meta server).
 
     A call that fails reconnects once and retries: an idle connection may be dropped by the
-    network between steps. Use it from one thread.
+    network between steps. Use it from one thread. Each call holds the GIL while it waits
+    (MindSpore's binding does not release it), for at most ``timeout_s`` (twice with the retry).
     """
 
     def __init__(self, address: Tuple[str, int], timeout_s: float = CONNECT_TIMEOUT_S):

@@ -71,7 +71,7 @@ class Publisher:
     one registration per rank and run, and a rank that cannot reach it says so before training.
     """
 
-    def __init__(self, address: Tuple[str, int], timeout_s: float = rank_exchange.REGISTER_TIMEOUT_S):
+    def __init__(self, address: Tuple[str, int], timeout_s: float = rank_exchange.CONNECT_TIMEOUT_S):
         self.address = address
         self.broken: Optional[str] = None
         self.client = rank_exchange.StoreClient(address, timeout_s)
