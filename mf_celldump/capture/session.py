@@ -40,6 +40,7 @@ from mf_celldump.capture.selection import SelectedCell, select_cells, selection_
 from mf_celldump.capture.versions import mindspore_version_problem
 from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.fsutil import writable_dir_problem
+from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import MAX_STEP
@@ -258,6 +259,11 @@ class CellDump:
         if self.micro_batches is not None and self.micro_batches.count > 1:
             fields["micro_batches"] = self.micro_batches.count
             details["micro_batch_schedule"] = self.micro_batches.source
+        point = self._parameters.gradient_point if self._parameters is not None else None
+        if point:  # the step's one gradient per parameter: summed over its micro-batches in both modes
+            found = self.micro_batches or detect_micro_batches(wrapper_chain(self.network),
+                                                               self.backend.parallel_settings())
+            details[PARAMETERS_GRAD_KEY] = {"point": point, "micro_batches": found.count}
         return Manifest(rank=self.rank, distributed=self.distributed, task=self.config.task,
                         cells={s.cell_id: s.record for s in self.cells}, backend=self.backend.name,
                         run_id=self.run_id, parameters=self.config.captures_weights, details=details, **fields)

@@ -55,7 +55,7 @@ class IndexedStep:
         cells = self.manifest.cells
         yield naming.DUMP_JSON, msprobe_json.dump_json_encoded(
             self.manifest.task, data_dir, ((name, body) for name, body, _, _, _ in self.index.written()),
-            self.manifest.run_id)
+            self.manifest.run_id, self.manifest.details.get(naming.PARAMETERS_GRAD_KEY))
         yield naming.CONSTRUCT_JSON, msprobe_json.one_per_line(
             (name, parent) for name, _, _, pgrad, parent in self.index.written() if not pgrad)
         yield naming.STACK_JSON, msprobe_json.one_per_line(

@@ -185,17 +185,21 @@ def entry_body(entry: Entry, leaves: Dict[int, object]) -> dict:
 
 
 def dump_json_lines(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, dict]],
-                    run_id: str = "") -> Iterable[str]:
-    """dump.json as text chunks, one entry per line; ``run_id`` names the run in the head (before ``data``)."""
-    return dump_json_encoded(task, data_dir, ((name, json.dumps(body)) for name, body in bodies), run_id)
+                    run_id: str = "", gradients: Optional[dict] = None) -> Iterable[str]:
+    """dump.json as text chunks, one entry per line; ``run_id`` names the run in the head (before ``data``),
+    ``gradients`` says where parameters_grad was read (``naming.PARAMETERS_GRAD_KEY``)."""
+    return dump_json_encoded(task, data_dir, ((name, json.dumps(body)) for name, body in bodies), run_id,
+                             gradients)
 
 
 def dump_json_encoded(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, str]],
-                      run_id: str = "") -> Iterable[str]:
+                      run_id: str = "", gradients: Optional[dict] = None) -> Iterable[str]:
     """``dump_json_lines`` for bodies already encoded with ``json.dumps`` (read back from an index)."""
     head = {"task": task, "level": "L0", "framework": "mindspore", "dump_data_dir": data_dir}
     if run_id:
         head[naming.RUN_ID_KEY] = run_id
+    if gradients:
+        head[naming.PARAMETERS_GRAD_KEY] = gradients
     yield "{\n"
     for key, value in head.items():
         yield f" {json.dumps(key)}: {json.dumps(value)},\n"
@@ -225,7 +229,7 @@ def entry_json(entry: Entry, data_dir: Optional[str], failed: Dict[int, int], pa
 
 def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
                  failed: Dict[int, int], parameters: bool = False,
-                 run_id: str = "") -> Iterator[Tuple[str, Iterable[str]]]:
+                 run_id: str = "", gradients: Optional[dict] = None) -> Iterator[Tuple[str, Iterable[str]]]:
     """(file name, text chunks) of the three files; lazy, so generating them again (to measure) is cheap.
 
     ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; captures
@@ -234,7 +238,7 @@ def output_texts(task: str, data_dir: Optional[str], entries: List[Entry],
     capture's run, recorded in dump.json's head.
     """
     bodies = ((entry.name, entry_json(entry, data_dir, failed, parameters)) for entry in entries)
-    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies, run_id)
+    yield naming.DUMP_JSON, dump_json_lines(task, data_dir, bodies, run_id, gradients)
     nodes = [entry for entry in entries if not entry.is_parameters_grad]
     yield naming.CONSTRUCT_JSON, one_per_line((e.name, e.parent) for e in nodes)
     yield naming.STACK_JSON, one_per_line((e.name, stack_lines(e.cell)) for e in nodes)

@@ -221,7 +221,7 @@ class _HeldEntries:
     def texts(self, data_dir: Optional[str], failed: Dict[int, int]):
         manifest = self.ctx.manifest
         return msprobe_json.output_texts(manifest.task, data_dir, self.entries, failed, manifest.parameters,
-                                         manifest.run_id)
+                                         manifest.run_id, manifest.details.get(naming.PARAMETERS_GRAD_KEY))
 
     def counts(self) -> Tuple[int, int]:
         return len(self.entries), sum(1 for entry in self.entries if entry.is_parameters_grad)
