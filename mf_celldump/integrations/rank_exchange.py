@@ -20,7 +20,8 @@ Why this way (MindSpore 2.9, read in ``mindspore/mint/distributed/distributed.py
   So each process opens one client for the whole run (``StoreClient``), and the meta
   server runs in a child process of rank 0 with MindSpore's C++ log at ERROR
   (``GLOG_v=3``): rank 0's own log gets no line per registration. The child ends when
-  rank 0 closes its stdin, or exits.
+  rank 0 closes its stdin, or exits, and ``LINGER_S`` more: a client finalised after its store
+  is gone blocks its whole process for minutes (measured), so the store outlives every client.
 * MindSpore 2.7's ``TCPStore`` ignores host and port (the store is msrun's scheduler, no
   ``add``): ``store_problem`` says so and the verdict is refused at attach.
 
@@ -35,6 +36,7 @@ variable reference).
 
 from __future__ import annotations
 
+import base64
 import inspect
 import logging
 import os
@@ -53,6 +55,11 @@ logger = logging.getLogger(__name__)
 # TCPStore call holds the Python GIL while it waits: it pauses every thread of the rank, training included.
 CONNECT_TIMEOUT_S = 10.0
 SERVER_START_S = 120.0  # the child imports MindSpore (2-5 s alone; longer on a loaded host)
+# How long the store goes on serving after rank 0 closed it (or exited). A TCPStore client that is
+# finalised after its store is gone blocks for minutes, holding the GIL (measured), and stops the
+# rank's heartbeat to msrun's scheduler too, which then stops the job: every rank finalises its client
+# right after its last post, and the store outlives rank 0's verdict by this much for those still at it.
+LINGER_S = 60.0
 HCCL_BASE_PORT_ENV = "HCCL_IF_BASE_PORT"
 HCCL_DEFAULT_BASE_PORT = 60000
 HCCL_PORT_COUNT = 32  # CANN 8.x/9.x: 32 ports from the base (earlier releases: 16)
@@ -164,20 +171,71 @@ class StoreServer:
 
     @classmethod
     def start(cls, world: int, port: Optional[int], timeout_s: float = CONNECT_TIMEOUT_S,
-              start_s: float = SERVER_START_S) -> StoreServer:
+              start_s: float = SERVER_START_S, linger_s: float = LINGER_S) -> StoreServer:
         ip = reachable_ip()
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, ip, str(port or 0), str(world), str(timeout_s)],
+            [sys.executable, "-m", __name__, "serve", ip, str(port or 0), str(world), str(timeout_s), str(linger_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), text=True)
         line = _read_line(process, start_s)
         if line.startswith("ready "):
             return cls(process, (ip, int(line.split()[1])))
-        _stop(process)
+        _stop(process, 5.0)
         reason = line[len("error "):] if line.startswith("error ") else (line or "it exited without a word")
         raise ExchangeError(f"cannot serve the store on {ip}: {reason}")
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        _stop(self.process, timeout_s)
+    def fetch(self, key: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Optional[bytes]:
+        """The value posted under ``key`` (None: not posted), read by the store's own process: rank 0 needs no
+        client of its own, and waits on a pipe (the GIL released), never inside a TCPStore call."""
+        self.process.stdin.write(f"fetch {key}\n")
+        self.process.stdin.flush()
+        line = _read_line(self.process, timeout_s)
+        if line == "none":
+            return None
+        if line.startswith("value "):
+            return base64.b64decode(line[len("value "):])
+        raise ExchangeError(f"rank 0's store: reading {key}: {line or 'no answer'}")
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Tell the child to stop serving (after its linger); ``wait_s``: wait that long for it to exit."""
+        _stop(self.process, wait_s)
+
+
+@dataclass
+class StorePoster:
+    """A rank's one client of rank 0's store, in a child process of the rank (one registration per run).
+
+    The rank waits on a pipe, never inside a TCPStore call: such a call holds the GIL while it waits
+    (it would pause training), and finalising a client can block for minutes (the child just exits).
+    """
+
+    process: subprocess.Popen
+    address: Tuple[str, int]
+    timeout_s: float = CONNECT_TIMEOUT_S
+
+    @classmethod
+    def start(cls, address: Tuple[str, int], timeout_s: float = CONNECT_TIMEOUT_S,
+              start_s: float = SERVER_START_S) -> StorePoster:
+        process = subprocess.Popen([sys.executable, "-m", __name__, "post", address[0], str(address[1]),
+                                    str(timeout_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   env=_child_env(), text=True)
+        line = _read_line(process, start_s + timeout_s)
+        if line != "ready":
+            _stop(process, 5.0)
+            raise ExchangeError(line[len("error "):] if line.startswith("error ") else
+                                f"rank 0's store at {address[0]}:{address[1]}: no client ({line or 'it exited'})")
+        logger.info("mf_celldump: ranks: registered with rank 0's store at %s:%d", *address)
+        return cls(process, address, timeout_s)
+
+    def post(self, key: str, value: bytes) -> None:
+        self.process.stdin.write(f"post {key} {base64.b64encode(value).decode('ascii')}\n")
+        self.process.stdin.flush()
+        line = _read_line(self.process, self.timeout_s + 5.0)
+        if line != "ok":
+            raise ExchangeError(f"rank 0's store at {self.address[0]}:{self.address[1]}: posting {key}: "
+                                f"{line[len('error '):] if line.startswith('error ') else line or 'no answer'}")
+
+    def close(self) -> None:
+        _stop(self.process, 0.0)
 
 
 def _read_line(process: subprocess.Popen, timeout_s: float) -> str:
@@ -191,14 +249,17 @@ def _read_line(process: subprocess.Popen, timeout_s: float) -> str:
     return f"error it did not start within {timeout_s:.0f} s"
 
 
-def _stop(process: subprocess.Popen, timeout_s: float = 5.0) -> None:
+def _stop(process: subprocess.Popen, wait_s: float = 5.0) -> None:
+    """Close the child's pipes (it stops after its linger); with ``wait_s``, wait for it (killed after that)."""
     for stream in (process.stdin, process.stdout):
         try:
             stream.close()
         except OSError:
             pass
+    if wait_s <= 0:
+        return
     try:
-        process.wait(timeout_s)
+        process.wait(wait_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
@@ -226,21 +287,21 @@ def share_address(rank: int, address: Optional[Tuple[str, int]]) -> Optional[Tup
 class StoreClient:
     """This process's one connection to rank 0's store, kept for the run (one registration with its meta server).
 
-    A call that fails reconnects once and retries: an idle connection may be dropped by the
-    network between steps. Use it from one thread. Each call holds the GIL while it waits
-    (MindSpore's binding does not release it), for at most ``timeout_s`` (twice with the retry).
+    Use it from one thread. Each call holds the GIL while it waits (MindSpore's binding does
+    not release it), for at most ``timeout_s``. A client whose call failed is never finalised
+    (``abandoned``): finalising a client whose store is gone blocks for minutes.
     """
 
     def __init__(self, address: Tuple[str, int], timeout_s: float = CONNECT_TIMEOUT_S):
         self.address = address
         self.timeout_s = timeout_s
         self.registrations = 0
+        self.abandoned = None  # the client of a failed call, kept from finalisation
         self._store = None
 
     def connect(self) -> None:
         from mindspore.mint.distributed import TCPStore
 
-        self._store = None
         try:
             self._store = TCPStore(self.address[0], self.address[1], is_master=False,
                                    timeout=timedelta(seconds=self.timeout_s))
@@ -252,12 +313,15 @@ class StoreClient:
 
     def _call(self, name: str, *args):
         if self._store is None:
+            if self.abandoned is not None:
+                raise ExchangeError(f"rank 0's store at {self.address[0]}:{self.address[1]} failed a call before")
             self.connect()
         try:
             return getattr(self._store, name)(*args)
-        except RuntimeError:
-            self.connect()
-            return getattr(self._store, name)(*args)
+        except RuntimeError as err:
+            self.abandoned, self._store = self._store, None
+            raise ExchangeError(f"rank 0's store at {self.address[0]}:{self.address[1]}: {name} failed: "
+                                f"{_one_line(err)}") from None
 
     def set(self, key: str, value: bytes) -> None:
         self._call("set", key, value)
@@ -269,7 +333,8 @@ class StoreClient:
         return bytes(self._call("get", key))
 
     def close(self) -> None:
-        self._store = None  # the client node is finalised with the object
+        """Finalise the client (its node leaves the store): call it while the store serves."""
+        self._store = None
 
 
 def _raise_open_file_limit() -> None:
@@ -285,9 +350,9 @@ def _raise_open_file_limit() -> None:
             pass  # the store then serves as many ranks as the soft limit allows; the others are missing
 
 
-def _child_main(argv) -> int:
-    """``python -m mf_celldump.integrations.rank_exchange IP PORT WORLD TIMEOUT_S``: serve until stdin closes."""
-    ip, port, world, timeout_s = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
+def _serve_main(argv) -> int:
+    """``... serve IP PORT WORLD TIMEOUT_S LINGER_S``: serve; answer ``fetch KEY`` lines on stdin; at EOF linger."""
+    ip, port, world, timeout_s, linger_s = argv[0], int(argv[1]), int(argv[2]), float(argv[3]), float(argv[4])
     _raise_open_file_limit()
     try:
         store, port = _serve_here(ip, port, world, timeout_s)
@@ -295,10 +360,44 @@ def _child_main(argv) -> int:
         print(f"error {_one_line(err)}", flush=True)
         return 1
     print(f"ready {port}", flush=True)
-    sys.stdin.read()  # EOF: rank 0 closed the pipe or is gone
-    del store
-    return 0
+    for line in sys.stdin:  # EOF: rank 0 closed the pipe or is gone
+        key = line.strip().partition(" ")[2]
+        try:
+            there = store.add(key + "#", 0) > 0
+            reply = f"value {base64.b64encode(bytes(store.get(key))).decode('ascii')}" if there else "none"
+        except RuntimeError as err:
+            reply = f"error {_one_line(err)}"
+        print(reply, flush=True)
+    time.sleep(linger_s)
+    os._exit(0)  # our own child: no finalisation of the store at interpreter exit
+
+
+def _post_main(argv) -> int:
+    """``... post IP PORT TIMEOUT_S``: one client; each ``post KEY BASE64`` line on stdin is ``set`` + its counter.
+
+    At EOF the client is left to the process's end (``os._exit``): a client finalised after its store
+    is gone blocks for minutes, and nothing needs it finalised.
+    """
+    ip, port, timeout_s = argv[0], int(argv[1]), float(argv[2])
+    from mindspore.mint.distributed import TCPStore
+
+    try:
+        store = TCPStore(ip, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as err:
+        print(f"error rank 0's store at {ip}:{port} is unreachable: {_one_line(err)}", flush=True)
+        os._exit(1)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        _, key, value = line.split(" ", 2)
+        try:
+            store.set(key, base64.b64decode(value))
+            store.add(key + "#", 1)
+            print("ok", flush=True)
+        except RuntimeError as err:
+            print(f"error {_one_line(err)}", flush=True)
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    _MODES = {"serve": _serve_main, "post": _post_main}
+    sys.exit(_MODES[sys.argv[1]](sys.argv[2:]))

@@ -58,23 +58,20 @@ class Keys:
     def final(self, rank: int) -> str:
         return f"{self.prefix}/final/rank{rank}"
 
-    @staticmethod
-    def present(key: str) -> str:
-        """The counter beside a value: ``add(present, 0)`` says whether the value is there, without waiting."""
-        return key + "#"
 
 
 class Publisher:
-    """Posts (key, value) pairs to rank 0's store from a thread, over one client connection kept for the run.
+    """Posts (key, value) pairs to rank 0's store from a thread, through this rank's one client (a child process).
 
-    The connection is opened as soon as the thread starts (at attach), so rank 0's store sees
-    one registration per rank and run, and a rank that cannot reach it says so before training.
+    The client starts as soon as the thread does (at attach), so rank 0's store sees one
+    registration per rank and run, and a rank that cannot reach it says so before training.
     """
 
     def __init__(self, address: Tuple[str, int], timeout_s: float = rank_exchange.CONNECT_TIMEOUT_S):
         self.address = address
+        self.timeout_s = timeout_s
         self.broken: Optional[str] = None
-        self.client = rank_exchange.StoreClient(address, timeout_s)
+        self.poster: Optional[rank_exchange.StorePoster] = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="mf_celldump-rank-verdict", daemon=True)
         self._thread.start()
@@ -89,18 +86,18 @@ class Publisher:
         return not self._thread.is_alive()
 
     def _loop(self) -> None:
-        self._guarded(self.client.connect)
+        self._guarded(self._connect)
         while True:
             item = self._queue.get()
             if item is None:
-                self.client.close()
+                if self.poster is not None:
+                    self.poster.close()
                 return
             if not self.broken:
-                self._guarded(lambda pair=item: self._send(*pair))
+                self._guarded(lambda pair=item: self.poster.post(*pair))
 
-    def _send(self, key: str, value: bytes) -> None:
-        self.client.set(key, value)
-        self.client.add(Keys.present(key), 1)
+    def _connect(self) -> None:
+        self.poster = rank_exchange.StorePoster.start(self.address, self.timeout_s)
 
     def _guarded(self, action) -> None:
         try:
@@ -240,13 +237,9 @@ class RankVerdict:
         return [r for r in range(1, self.world) if r in self.config.ranks]
 
     def _collect(self, captured_steps: Iterable[int]) -> List[str]:
-        store = rank_exchange.StoreClient(self._server.address)  # rank 0's one registration with its store
-        try:
-            return self._check_all(store, captured_steps)
-        finally:
-            store.close()
+        return self._check_all(self._server, captured_steps)  # read by the store's own process
 
-    def _check_all(self, store: rank_exchange.StoreClient, captured_steps: Iterable[int]) -> List[str]:
+    def _check_all(self, store: rank_exchange.StoreServer, captured_steps: Iterable[int]) -> List[str]:
         finals = self._wait_finals(store, self._expected())
         steps = set(captured_steps) | set(self._own)
         for posted in finals.values():
@@ -291,10 +284,8 @@ class RankVerdict:
             time.sleep(POLL_S)
 
     @staticmethod
-    def _fetch(store, key: str) -> Optional[bytes]:
-        if store.add(Keys.present(key), 0) < 1:
-            return None
-        return bytes(store.get(key))
+    def _fetch(store: rank_exchange.StoreServer, key: str) -> Optional[bytes]:
+        return store.fetch(key)
 
 
 def _refusal(message: str) -> Exception:
