@@ -285,7 +285,8 @@ def share_address(rank: int, address: Optional[Tuple[str, int]]) -> Optional[Tup
 
 
 class StoreClient:
-    """This process's one connection to rank 0's store, kept for the run (one registration with its meta server).
+    """A client of rank 0's store in this process (one registration with its meta server), for measurements
+    (``bench/rank_store_scale.py``): the verdict's clients live in child processes (``StorePoster``).
 
     Use it from one thread. Each call holds the GIL while it waits (MindSpore's binding does
     not release it), for at most ``timeout_s``. A client whose call failed is never finalised
