@@ -35,6 +35,8 @@ DEFAULT_DUMP_DIR_NAME = "celldump"
 # node timeout (MS_NODE_TIMEOUT, 30 s by default): a rank that vanished gets the others
 # stopped by MindSpore that long after, and the verdict should name it before then.
 DEFAULT_RANK_VERDICT_TIMEOUT = 20.0
+# A fixed port for the verdict's store must be one a user may open in a firewall (not privileged).
+RANK_VERDICT_PORT_RANGE = (1024, 65535)
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,16 @@ def _str_list(key: str, value: Any) -> Tuple[str, ...]:
     return tuple(value)
 
 
+def _verdict_port(value: Any) -> Optional[int]:
+    """``auto``/null (a free port rank 0 picks outside HCCL's range) or a fixed TCP port a firewall can open."""
+    if value is None or value == "auto":
+        return None
+    low, high = RANK_VERDICT_PORT_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(_bad("rank_verdict_port", value, f"'auto' or a TCP port from {low} to {high}"))
+    return value
+
+
 @dataclass(frozen=True)
 class DumpConfig:
     """What to capture, where, and how. See README.md, 'Configuration reference'."""
@@ -208,8 +220,9 @@ class DumpConfig:
     process_on_train_end: bool = True
     process_timeout: float = DEFAULT_PROCESS_TIMEOUT
     jobs: Optional[int] = None
-    rank_verdict: bool = True
+    rank_verdict: bool = False
     rank_verdict_timeout: float = DEFAULT_RANK_VERDICT_TIMEOUT
+    rank_verdict_port: Optional[int] = None  # None ("auto"): a free port outside HCCL's range
     replica_groups: ReplicaGroups = field(default_factory=ReplicaGroups)
 
     # ------------------------------------------------------------------
@@ -306,6 +319,8 @@ class DumpConfig:
         for key in ("process_timeout", "rank_verdict_timeout"):
             if key in values:
                 kwargs[key] = _timeout(values[key], key)
+        if "rank_verdict_port" in values:
+            kwargs["rank_verdict_port"] = _verdict_port(values["rank_verdict_port"])
         if "replica_groups" in values:
             try:
                 kwargs["replica_groups"] = ReplicaGroups.parse(values["replica_groups"], "replica_groups")

@@ -76,6 +76,7 @@ def test_keys_are_the_dataclass_fields():
         "jobs",
         "rank_verdict",
         "rank_verdict_timeout",
+        "rank_verdict_port",
         "replica_groups",
     )
 

@@ -15,7 +15,9 @@ Ascend graph backends record no weight gradient there and say why.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import mindspore as ms
 import numpy as np
@@ -143,19 +145,48 @@ def test_host_backend_captures_inside_a_graph_loop(tmp_path):
 
 @pytest.mark.parametrize("backend", ["tensordump", "host"])
 def test_weight_gradients_under_the_overflow_branch(tmp_path, caplog, backend):
-    """``TrainOneStepWithLossScaleCell`` calls the optimizer under ``if not overflow``: the Ascend graph backends
-    record no weight gradient there (and say why, naming the way out); the host backend records them."""
+    """``TrainOneStepWithLossScaleCell`` calls the optimizer under ``if not overflow``; the weight gradients are
+    read where autodiff gives them (a hook on each parameter, compiled into the backward graph), outside that
+    branch, so every graph backend records them."""
     with caplog.at_level(logging.WARNING, logger="mf_celldump"):
         leaves, _ = _capture(tmp_path, LayerLoop(), backend, loss_scale=True)
     grads = [key for key in leaves if key[1] == "parameters_grad"]
     weights = [key for key in leaves if key[1] == "parameters"]
     assert weights and (leaves[("Cell.layers.0.Layer.backward.0", "input", 0)])
     said = [r.getMessage() for r in caplog.records if "parameters_grad is not recorded" in r.getMessage()]
+    assert grads and said == []
+    assert _gradient_point(tmp_path) == {"point": "autodiff", "micro_batches": 1}
+
+
+@pytest.mark.parametrize("backend", ["tensordump", "host"])
+def test_without_parameter_hooks_the_optimizer_input_under_the_overflow_branch(tmp_path, caplog, monkeypatch,
+                                                                              backend):
+    """Where a MindSpore cannot hook a parameter in graph mode (stood in for by a ``register_hook`` that raises,
+    as MindSpore's own does for what it cannot hook), the optimizer's input is the fallback: under
+    ``if not overflow`` the Ascend graph backends record no weight gradient there (and say why, naming the way
+    out); the host backend records them."""
+    def cannot_hook(self, hook_fn):
+        raise TypeError("hooks are not supported in graph mode here")
+
+    monkeypatch.setattr(ms.Parameter, "register_hook", cannot_hook)
+    with caplog.at_level(logging.WARNING, logger="mf_celldump"):
+        leaves, _ = _capture(tmp_path, LayerLoop(), backend, loss_scale=True)
+    grads = [key for key in leaves if key[1] == "parameters_grad"]
+    said = [r.getMessage() for r in caplog.records if "parameters_grad is not recorded" in r.getMessage()]
+    assert any("cannot hook a parameter in graph mode" in r.getMessage() for r in caplog.records)
     if backend == "tensordump":
         assert grads == [] and len(said) == 1
         assert "under `if not overflow`" in said[0] and "parameters: false" in said[0] and "PyNative" in said[0]
+        assert _gradient_point(tmp_path) is None  # nothing recorded, nothing said
     else:
         assert grads and said == []
+        assert _gradient_point(tmp_path) == {"point": "optimizer_input", "micro_batches": 1}
+
+
+def _gradient_point(dump_path):
+    """dump.json's statement of where parameters_grad was read."""
+    with open(os.path.join(str(dump_path), "step0", "rank", "dump.json"), encoding="utf-8") as handle:
+        return json.load(handle).get("mf_celldump_parameters_grad")
 
 
 class _Flagged(nn.Cell):

@@ -26,7 +26,8 @@ WQ_FORWARD = "Cell.model.layers.0.attention.wq.Linear.forward.0"
 def test_two_ranks_each_dump_their_own_folder(tmp_path):
     out = tmp_path / "run"
     env = msrun_env()
-    proc = subprocess.run(["bash", SCRIPT, str(out), "pynative", "--dump", "steps=0-1"], cwd=tmp_path,
+    proc = subprocess.run(["bash", SCRIPT, str(out), "pynative", "--dump", "steps=0-1",
+                           "--dump", "rank_verdict=true"], cwd=tmp_path,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     logs = "".join(open_text(p)[-3000:] for p in glob.glob(str(out / "msrun_log" / "worker_*.log")))
     assert proc.returncode == 0, proc.stdout[-3000:] + logs
@@ -41,7 +42,7 @@ def test_two_ranks_each_dump_their_own_folder(tmp_path):
     for rank in (0, 1):
         log = (out / "msrun_log" / f"worker_{rank}.log").read_text(errors="replace")
         assert f"mf_celldump: rank {rank}: captured steps 0,1; processed 0,1" in log
-    # the verdict across ranks, on by default: data-parallel replicas of a healthy run
+    # the verdict across ranks, switched on: data-parallel replicas of a healthy run
     log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")
     for step in (0, 1):
         assert f"mf_celldump: ranks: step {step}: clean (2 replicas)" in log

@@ -406,8 +406,8 @@ def test_graph_values_equal_pynative_values(runs, model):
         got = np.load(graph["dump"] / folder / name)
         assert got.dtype == want.dtype, name
         if ".parameters_grad." in name:
-            # Graph mode records the gradients the optimizer receives, after use_clip_grad's global
-            # norm clipping; PyNative those autodiff gives: one common factor apart.
+            # Both modes record the gradients autodiff gives, before use_clip_grad's global norm clipping
+            # (a graph-mode dump at the optimizer's input would be one common factor apart).
             clip_factors.append((name, float(np.dot(got.ravel(), want.ravel()) / np.dot(want.ravel(), want.ravel())),
                                  got, want))
             continue
@@ -417,6 +417,7 @@ def test_graph_values_equal_pynative_values(runs, model):
     if clip_factors:
         factor = float(np.median([f for _, f, _, _ in clip_factors]))
         assert 0 < factor <= 1 + 1e-6
+        assert factor == pytest.approx(1.0, abs=1e-5)
         for name, _, got, want in clip_factors:
             np.testing.assert_allclose(got, want * factor, rtol=1e-3, atol=1e-7, err_msg=name)
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
+import socket
 import time
 import tracemalloc
 
@@ -264,16 +266,26 @@ def test_summaries_saved_per_node_check_like_the_dump(eight_ranks, tmp_path):
 
 # -- configuration and replica groups -----------------------------------------------------------
 def test_configuration_keys_of_the_verdict():
-    config = DumpConfig.from_dict({"rank_verdict": False, "rank_verdict_timeout": 5,
+    config = DumpConfig.from_dict({"rank_verdict": True, "rank_verdict_timeout": 5, "rank_verdict_port": 29400,
                                    "replica_groups": "model_parallel=2,pipeline_stages=2"})
-    assert config.rank_verdict is False and config.rank_verdict_timeout == 5.0
+    assert config.rank_verdict is True and config.rank_verdict_timeout == 5.0 and config.rank_verdict_port == 29400
     assert config.to_dict()["replica_groups"] == "model_parallel=2,pipeline_stages=2"
-    assert DumpConfig().rank_verdict is True and DumpConfig().replica_groups.describe() == "all"
+    assert DumpConfig().replica_groups.describe() == "all"
+    assert DumpConfig.from_dict({"rank_verdict_port": "auto"}).rank_verdict_port is None
     for key, value, message in (("rank_verdict", "yes", "rank_verdict: invalid value 'yes'"),
                                 ("rank_verdict_timeout", 0, "rank_verdict_timeout: invalid value 0"),
+                                ("rank_verdict_port", 80, "rank_verdict_port: invalid value 80; valid: 'auto' or a "
+                                                          "TCP port from 1024 to 65535"),
+                                ("rank_verdict_port", "29400", "rank_verdict_port: invalid value '29400'"),
                                 ("replica_groups", "0-3;2-5", "rank 2 is in two groups")):
         with pytest.raises(ConfigError, match=message):
             DumpConfig.from_dict({key: value})
+
+
+def test_verdict_is_off_unless_asked_for():
+    """The verdict serves a store and runs a collective at attach: nothing a run gets without asking."""
+    assert DumpConfig().rank_verdict is False
+    assert DumpConfig.from_dict({}).to_dict()["rank_verdict"] is False
 
 
 def test_replica_groups_follow_the_megatron_rank_order():
@@ -288,25 +300,107 @@ def test_replica_groups_follow_the_megatron_rank_order():
 
 
 # -- the store the verdict goes through ---------------------------------------------------------
-def test_store_presence_counter_answers_at_once_for_a_rank_that_never_posted():
-    """``add(key, 0)`` on rank 0's own TCPStore server returns at once; a ``get`` would wait its timeout."""
+def test_store_presence_counter_answers_at_once_for_a_rank_that_never_posted(capfd, caplog):
+    """Rank 0 reads through its store's process, where ``add(key, 0)`` answers at once (a ``get`` would wait its
+    timeout). Each poster keeps one client (one registration) for all its posts, in a child process, and the
+    store's registrations are logged nowhere in the processes that started them."""
     pytest.importorskip("mindspore")
     from mf_celldump.integrations import rank_exchange
     from mf_celldump.integrations.rank_verdict import Keys, Publisher, RankVerdict
 
-    store, ip, port = rank_exchange.serve(2, timeout_s=30)
+    server = rank_exchange.StoreServer.start(2, None, timeout_s=30, linger_s=0)
+    ip, port = server.address
+    assert port not in rank_exchange.hccl_ports()
     keys = Keys(0)
-    publisher = Publisher((ip, port))
-    publisher.post(keys.summary(3, 1), b"payload")
-    assert publisher.close(30) and publisher.broken is None
+    with caplog.at_level(logging.INFO, logger="mf_celldump"):
+        publisher = Publisher((ip, port))
+        for step in range(5):
+            publisher.post(keys.summary(step, 1), b"payload")
+        assert publisher.close(60) and publisher.broken is None
+    assert sum("registered with rank 0's store" in r.getMessage() for r in caplog.records) == 1
     started = time.monotonic()
-    assert RankVerdict._fetch(store, keys.summary(3, 2)) is None  # never posted
+    assert RankVerdict._fetch(server, keys.summary(3, 2)) is None  # never posted
     assert time.monotonic() - started < 5
-    assert RankVerdict._fetch(store, keys.summary(3, 1)) == b"payload"
-    del store
-    late = Publisher((ip, port), timeout_s=2)  # the store is gone: the post fails within the timeout, no raise
+    assert RankVerdict._fetch(server, keys.summary(3, 1)) == b"payload"
+    server.close(wait_s=30)
+    assert server.process.returncode == 0
+    assert "ProcessRegister" not in capfd.readouterr().err
+    late = Publisher((ip, port), timeout_s=2)  # the store is gone: the client fails within the timeout, no raise
     late.post("k", b"v")
-    assert late.close(30) and late.broken
+    assert late.close(60) and late.broken
+
+
+def test_a_ranks_client_ends_at_once_when_rank0s_store_is_gone():
+    """A TCPStore client finalised after its store is gone blocks its process for minutes: the rank's client
+    lives in a child process that exits without finalising it."""
+    pytest.importorskip("mindspore")
+    from mf_celldump.integrations import rank_exchange
+
+    server = rank_exchange.StoreServer.start(2, None, linger_s=0)
+    poster = rank_exchange.StorePoster.start(server.address)
+    poster.post("k", b"v")
+    assert server.fetch("k") == b"v"
+    server.close(wait_s=30)
+    started = time.monotonic()
+    poster.close()
+    poster.process.wait(10)
+    assert time.monotonic() - started < 5
+
+
+def test_store_on_a_port_in_use_is_refused_with_the_port_named():
+    pytest.importorskip("mindspore")
+    from mf_celldump.integrations import rank_exchange
+
+    with socket.socket() as taken:
+        taken.bind((rank_exchange.reachable_ip(), 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(rank_exchange.ExchangeError, match=f"cannot serve the store on .*:{port}"):
+            rank_exchange.StoreServer.start(2, port, timeout_s=5)
+
+
+def test_verdict_on_a_port_among_hccls_is_refused(monkeypatch):
+    from mf_celldump.integrations.rank_verdict import RankVerdict
+
+    monkeypatch.setenv("HCCL_IF_BASE_PORT", "50000")
+    config = DumpConfig.from_dict({"rank_verdict": True, "rank_verdict_port": 50010})
+    assert RankVerdict.problem(config) == ("rank_verdict_port: 50010 is among HCCL's host ports 50000-50031 "
+                                           "(HCCL_IF_BASE_PORT); choose a port outside them, or 'auto'")
+    monkeypatch.delenv("HCCL_IF_BASE_PORT")
+    assert RankVerdict.problem(config) is None
+    assert "60000-60031" in RankVerdict.problem(DumpConfig.from_dict({"rank_verdict_port": 60000}))
+
+
+def test_verdict_on_a_mindspore_whose_store_is_msruns_is_refused(monkeypatch):
+    """MindSpore 2.7's TCPStore (its interface as documented for r2.7.0: no host, port or add of its own).
+
+    2.7 cannot be installed beside 2.9, so its class stands in here; the check reads only the interface.
+    """
+    pytest.importorskip("mindspore")
+    import mindspore.mint.distributed as distributed
+
+    from mf_celldump.integrations.rank_verdict import RankVerdict
+
+    class StoreOfMsrunsScheduler:
+        def __init__(self, host_name=None, port=None, world_size=None, is_master=False, timeout=300,
+                     wait_for_workers=True, multi_tenant=False, master_listen_fd=None, use_libuv=True):
+            pass
+
+        def set(self, key, value):
+            pass
+
+        def get(self, key):
+            pass
+
+    config = DumpConfig.from_dict({"rank_verdict": True})
+    assert RankVerdict.problem(config) is None  # the installed MindSpore serves a store of its own
+    monkeypatch.setattr(distributed, "TCPStore", StoreOfMsrunsScheduler)
+    message = RankVerdict.problem(config)
+    assert "TCPStore has no 'add'" in message and "Set rank_verdict: false (the default)" in message
+    StoreOfMsrunsScheduler.add = lambda self, key, amount: 0
+    message = RankVerdict.problem(config)
+    assert "TCPStore ignores host and port (its store is msrun's scheduler" in message
+    assert "`mf-celldump ranks DUMP`" in message
 
 
 def test_verdict_is_off_in_a_single_process_run():
@@ -314,3 +408,4 @@ def test_verdict_is_off_in_a_single_process_run():
     from mf_celldump.integrations.rank_verdict import RankVerdict
 
     assert RankVerdict.start(DumpConfig(), 0, 0) is None
+    assert RankVerdict.start(DumpConfig.from_dict({"rank_verdict": True}), 0, 0) is None

@@ -47,7 +47,7 @@ def survivors_finished(job: Job) -> bool:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     root, dump, job = _train(tmp_path_factory, "two_ranks", 2, [
-        "--mode", "graph", "--dump", "task=tensor",
+        "--mode", "graph", "--dump", "task=tensor", "--dump", "rank_verdict=true",
         "--fault", "weight:rank=1:step=1:cell=layers.0.up",
         "--fault", "scale:rank=1:step=2:cell=layers.1:factor=100",
         "--fault", "nan:rank=1:step=3:cell=layers.2",
@@ -60,7 +60,7 @@ def two_ranks(tmp_path_factory):
 def four_ranks(tmp_path_factory):
     root, dump, job = _train(tmp_path_factory, "four_ranks", 4, [
         "--mode", "pynative", "--dump", "task=statistics", "--dump", "statistics=[max,min,mean,norm,md5]",
-        "--dump", "rank_verdict_timeout=10",
+        "--dump", "rank_verdict=true", "--dump", "rank_verdict_timeout=10",
         "--fault", "weight:rank=2:step=1:cell=layers.0.up",
         "--fault", "scale:rank=1:step=2:cell=layers.1:factor=100",
         "--fault", "nan:rank=2:step=3:cell=layers.2",
@@ -100,6 +100,16 @@ def test_two_ranks_rank0_logs_one_verdict_line_per_step_naming_each_fault(two_ra
     assert "rank 1 finished training" in job.log(1)
 
 
+def test_each_rank_registers_once_with_rank0s_store_and_rank0_logs_no_registration(two_ranks, four_ranks):
+    """One client per rank for the whole run (rank 0 reads through its store's process, no client), and the
+    store's per-registration warnings stay in its process."""
+    for job, ranks in ((two_ranks[2], (1,)), (four_ranks[2], (1, 2, 3))):
+        for rank in ranks:
+            assert job.log(rank).count("mf_celldump: ranks: registered with rank 0's store at") == 1, job.tails()
+        assert "registered with rank 0's store" not in job.log(0)
+        assert "ProcessRegister" not in job.log(0)
+
+
 def test_four_ranks_verdict_names_the_faulty_ranks_and_the_rank_that_died(four_ranks):
     _, _, job = four_ranks
     for rank in (0, 1, 2):
@@ -127,7 +137,7 @@ def test_two_ranks_rank_check_names_each_fault_and_draws_the_heat_map(two_ranks,
     assert steps[1]["first_departure"]["cell"] == "layers.0.up" and steps[1]["first_departure"]["ranks"] == [1]
     assert steps[2]["suspects"][0]["rank"] == 1 and steps[2]["suspects"][0]["cell"] == "layers.1"
     assert [(a["rank"], a["cell"], a["direction"]) for a in steps[3]["first_anomaly"]] == [(1, "layers.2", "forward")]
-    assert steps[1]["grads_reduced"] is True  # graph mode: the optimizer's gradients, after the AllReduce
+    assert steps[1]["grads_reduced"] is False  # graph mode too: each rank's own gradients, before the AllReduce
     assert result["lines"] == [verdict_lines(two_ranks[2])[s] for s in range(4)]
     for step in range(4):
         with open(tmp_path / "out" / f"ranks_heatmap_step{step}.png", "rb") as handle:

@@ -10,21 +10,23 @@ changes the network's numbers:
   so these are the values every forward call of the step reads, in both modes. (A cell
   that updates a parameter inside its own forward, such as BatchNorm's moving
   statistics, is recorded before that update; msprobe records it after.)
-* **gradients** (slot ``g``). PyNative: a hook on each captured cell's parameter
-  (``Parameter.register_hook``, as msprobe does), which keeps a reference to the
-  gradient autograd produces and returns it unchanged; the gradients are read when the
+* **gradients** (slot ``g``): a hook on each captured cell's parameter
+  (``Parameter.register_hook``, as msprobe does) in both modes, so both record this rank's
+  gradient as autodiff gives it (the parameter's uses summed, multiplied by the loss
+  scale), before the training wrapper reduces, unscales and clips it. PyNative: the hook
+  keeps a reference and returns the gradient unchanged; the gradients are read when the
   step ends (``flush``), after the synchronisation the step ends with anyway: reading
   each one inside its hook would synchronise the device in the middle of the backward
   pass once per parameter (measured: ~8 ms per gradient on the tiny LLaMA on CPU). (Wrapping the optimizer does not work
   there: MindSpore's optimizers compile their ``construct`` even in PyNative mode.)
-  Graph mode: where the optimizer receives them. Its ``construct`` is wrapped so that
-  each gradient goes through the backend's graph gradient probe (an identity for the
-  values) before the optimizer uses it; gradients are mapped back to the cells owning
-  the parameters through the optimizer's parameter list, whose order is the order of
-  its gradients (``mindspore.nn.Optimizer``'s contract). Those are the gradients after
-  the training wrapper's reduction and loss-scale division, i.e. what the optimizer
-  applies; msprobe's parameter hooks see them before (the same values without loss
-  scaling or data parallelism).
+  Graph mode: the hook is compiled into the backward graph and passes the gradient
+  through the backend's graph gradient probe (an identity for the values). Where a
+  MindSpore cannot register it, the optimizer's ``construct`` is wrapped instead so that
+  each gradient it receives goes through the probe; gradients are mapped back to the
+  cells owning the parameters through the optimizer's parameter list, whose order is the
+  order of its gradients (``mindspore.nn.Optimizer``'s contract). Those are after the
+  training wrapper's reduction, loss-scale division and clipping; ``gradient_point``
+  (written to the manifest and dump.json) says which point was recorded.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from mf_celldump.capture.runtime import CaptureRuntime, RawSink
 from mf_celldump.config import DumpConfig
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
 from mf_celldump.fsutil import ensure_dir
+from mf_celldump.layout.naming import GRADIENT_POINT_AUTODIFF, GRADIENT_POINT_OPTIMIZER
 from mf_celldump.rawformat.keys import (
     BACKWARD,
     FORWARD,
@@ -56,6 +59,11 @@ from mf_celldump.rawformat.keys import (
 from mf_celldump.statistics import compute_statistics
 
 logger = logging.getLogger(__name__)
+
+# Where parameters_grad is read (the manifest's and dump.json's ``naming.PARAMETERS_GRAD_KEY``): each
+# parameter's gradient as autodiff gives it (local, before reduction, unscaling and clipping), or what
+# the optimizer receives (after the training wrapper's reduction, loss-scale division and clipping).
+AUTODIFF, OPTIMIZER_INPUT = GRADIENT_POINT_AUTODIFF, GRADIENT_POINT_OPTIMIZER
 
 _GENERATED_MODULE = __name__
 
@@ -98,6 +106,7 @@ class ParameterCapture:
     installed: List[InstalledConstruct] = field(default_factory=list)
     hook_handles: List[object] = field(default_factory=list)
     pending: List[Tuple[ProbeKey, object]] = field(default_factory=list)  # gradients to read at step end
+    gradient_point: Optional[str] = None  # where parameters_grad is read: AUTODIFF or OPTIMIZER_INPUT
 
     @classmethod
     def for_cells(cls, config: DumpConfig, runtime: CaptureRuntime, sink: RawSink, cells) -> ParameterCapture:
@@ -123,17 +132,34 @@ class ParameterCapture:
     # -- gradients ---------------------------------------------------------------------
     def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[GradientProbe],
                           in_control_flow: bool = True, plain: Optional[Callable] = None) -> None:
-        """Graph mode: wrap the optimizer inside ``network`` (not where a wrapper calls it under a run-time
-        condition, when the probes may not run in control flow). PyNative: nothing yet, the parameters are
-        hooked for each captured step only (``hook_step``)."""
+        """Hook the parameters, in both modes: each gradient as autodiff gives it, before any training wrapper
+        reduces, unscales or clips it. PyNative: hooked for each captured step only (``hook_step``), so an
+        unselected step's backward calls no Python hook. Graph mode: the hook is compiled into the backward
+        graph, and ``plain`` (``graph_switch``'s constexpr) leaves it out of the graph without capture ops;
+        where a MindSpore cannot compile a parameter hook, the optimizer's input is recorded instead (not
+        where a wrapper calls the optimizer under a run-time condition, when the probes may not run in
+        control flow). ``gradient_point`` says which was recorded."""
         if not (self.config.captures_weight_gradients and self.owners):
             return
-        if graph_mode:
+        if not graph_mode:
+            self.gradient_point = AUTODIFF
+            return
+        if gradient_probe is None:
+            logger.warning("this capture backend records no gradient in graph mode outside a cell: "
+                           "parameters_grad is not recorded")
+            return
+        check_probe(gradient_probe, GradientProbe, "graph")
+        try:
+            self.hook_parameters(gradient_probe, plain)
+        except (TypeError, RuntimeError, AttributeError) as err:
+            self.restore_hooks()
+            logger.warning("parameters_grad: this MindSpore cannot hook a parameter in graph mode (%s); the "
+                           "optimizer's input is recorded instead (after the training wrapper's reduction, "
+                           "loss-scale division and clipping; dump.json says so)", str(err).splitlines()[0])
             self.wrap_optimizer(network, gradient_probe, in_control_flow, plain)
 
     def hook_step(self) -> None:
-        """PyNative, a captured step begins: hook the parameters until ``unhook`` (its end), so an unselected
-        step's backward calls no Python hook."""
+        """PyNative, a captured step begins: hook the parameters until ``unhook`` (its end)."""
         if self.config.captures_weight_gradients and self.owners and not self.hook_handles:
             self.hook_parameters()
 
@@ -142,14 +168,23 @@ class ParameterCapture:
             handle.remove()
         self.hook_handles.clear()
 
-    def hook_parameters(self) -> None:
+    def hook_parameters(self, graph_probe: Optional[GradientProbe] = None, plain: Optional[Callable] = None) -> None:
+        """One hook per captured parameter (shared parameters: one hook for all their owners).
+
+        PyNative: the hook keeps the gradient for ``flush``. Graph mode: the hook is compiled into
+        the backward graph, where it passes the gradient through ``graph_probe`` once per owner.
+        Either way the hook sees the parameter's whole gradient of the step's backward pass (every
+        use summed, micro-batches included), multiplied by the loss scale when there is one.
+        """
         seen = set()
         for _, param in self.weights:
             owners = self.owners.get(id(param))
             if owners is None or id(param) in seen:
                 continue
             seen.add(id(param))
-            self.hook_handles.append(param.register_hook(self._gradient_hook(owners)))
+            hook = self._gradient_hook(owners) if graph_probe is None else _graph_hook(graph_probe, owners, plain)
+            self.hook_handles.append(param.register_hook(hook))
+        self.gradient_point = AUTODIFF
 
     def _gradient_hook(self, owners: List[_Owner]) -> Callable:
         capture = self
@@ -190,6 +225,7 @@ class ParameterCapture:
         construct = _graph_optimizer_construct(optimizer.construct, table, gradient_probe, plain)
         if construct is not None:
             self.installed.append(install(optimizer, construct))
+            self.gradient_point = OPTIMIZER_INPUT
             logger.info("parameters_grad: the gradients %s receives, for %d parameters of captured cells",
                         type(optimizer).__name__, sum(len(v) for v in table.values()))
 
@@ -202,9 +238,16 @@ class ParameterCapture:
         return {i: self.owners[id(p)] for i, p in enumerate(params) if id(p) in self.owners}
 
     def flush(self) -> None:
-        """Record the gradients the hooks kept (at the end of the step, before it is marked complete)."""
+        """Record the gradients the hooks kept (at the end of the step, before it is marked complete).
+
+        A parameter whose hook ran more than once in the step (one backward pass per micro-batch)
+        gets the sum: the step's accumulated local gradient, as graph mode's one backward pass gives it.
+        """
         pending, self.pending = self.pending, []
+        summed: Dict[ProbeKey, object] = {}
         for key, grad in pending:
+            summed[key] = grad if key not in summed else summed[key] + grad
+        for key, grad in summed.items():
             self._record(key, grad)
 
     def drop_pending(self) -> None:
@@ -220,8 +263,12 @@ class ParameterCapture:
             stats = compute_statistics(array, self.config.statistics)
             self.sink.statistics(key, mindspore_dtype_name(dtype), array.shape, stats, seq)
 
-    def restore(self) -> None:
+    def restore_hooks(self) -> None:
         self.unhook()
+        self.gradient_point = None
+
+    def restore(self) -> None:
+        self.restore_hooks()
         for installed in reversed(self.installed):
             installed.restore()
         self.installed.clear()
@@ -240,6 +287,34 @@ def host_array(tensor) -> Tuple[np.ndarray, str]:
     if tensor.dtype == ms.bfloat16:
         return np.array(tensor.astype(ms.float32).asnumpy(), copy=True), dtype
     return np.array(tensor.asnumpy(), copy=True), dtype
+
+
+def _graph_hook(probe: GradientProbe, owners: List[_Owner], plain: Optional[Callable] = None) -> Callable:
+    """A graph-parsable hook: the gradient through ``probe`` once per owner (straight-line, closures only).
+    ``plain``: ``graph_switch``'s constexpr; the graph without capture ops passes the gradient on untouched."""
+    slot = SLOT_CODES[SLOT_WEIGHT_GRAD]
+    hook = None
+    for owner in owners:
+        hook = _probe_after(probe, (owner.cell_id, slot), (owner.index,), hook)
+    return _unless_plain(hook, plain or _never_plain)
+
+
+def _unless_plain(probed: Callable, plain: Callable) -> Callable:
+    def hook(grad):
+        if plain(-1):
+            return grad
+        return probed(grad)
+    return hook
+
+
+def _probe_after(probe: GradientProbe, head: Tuple[int, int], path: Tuple[int, ...], before) -> Callable:
+    if before is None:
+        def hook(grad):
+            return probe(grad, head, path)
+    else:
+        def hook(grad):
+            return probe(before(grad), head, path)
+    return hook
 
 
 def find_optimizer(network):

@@ -43,6 +43,7 @@ from mf_celldump.capture.wrappers import WrapperError, peel
 from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.errors import AttachError, StepError
 from mf_celldump.fsutil import writable_dir_problem
+from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import MAX_STEP
@@ -272,6 +273,11 @@ class CellDump:
                                  mindspore_parallel_settings().parallel_mode)
         if layout is not None:
             details["parallel"] = layout
+        point = self._parameters.gradient_point if self._parameters is not None else None
+        if point:  # the step's one gradient per parameter: summed over its micro-batches in both modes
+            found = self.micro_batches or detect_micro_batches(peel(self.network).layers,
+                                                               self.backend.parallel_settings())
+            details[PARAMETERS_GRAD_KEY] = {"point": point, "micro_batches": found.count}
         return Manifest(rank=self.rank, distributed=self.distributed, task=self.config.task,
                         cells={s.cell_id: s.record for s in self.cells}, backend=self.backend.name,
                         run_id=self.run_id, parameters=self.config.captures_weights, details=details, **fields)
@@ -385,7 +391,8 @@ class CellDump:
             return None
         step, captured = self._running, self.runtime.active
         if self._parameters is not None and captured:
-            self._parameters.unhook()
+            if self.switch is None:  # PyNative's per-step hooks; graph mode's are compiled in for the run
+                self._parameters.unhook()
             self._parameters.flush()
         if self.backend is not None and self.attached:
             self.backend.end_step(step, captured)
@@ -415,7 +422,8 @@ class CellDump:
             return None
         step, captured = self._running, self.runtime.active
         if self._parameters is not None:
-            self._parameters.unhook()
+            if self.switch is None:
+                self._parameters.unhook()
             self._parameters.drop_pending()
         if self.backend is not None and self.attached:
             try:

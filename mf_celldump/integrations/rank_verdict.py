@@ -58,19 +58,20 @@ class Keys:
     def final(self, rank: int) -> str:
         return f"{self.prefix}/final/rank{rank}"
 
-    @staticmethod
-    def present(key: str) -> str:
-        """The counter beside a value: ``add(present, 0)`` says whether the value is there, without waiting."""
-        return key + "#"
 
 
 class Publisher:
-    """Posts (key, value) pairs to rank 0's store from a thread, one short connection each."""
+    """Posts (key, value) pairs to rank 0's store from a thread, through this rank's one client (a child process).
+
+    The client starts as soon as the thread does (at attach), so rank 0's store sees one
+    registration per rank and run, and a rank that cannot reach it says so before training.
+    """
 
     def __init__(self, address: Tuple[str, int], timeout_s: float = rank_exchange.CONNECT_TIMEOUT_S):
         self.address = address
         self.timeout_s = timeout_s
         self.broken: Optional[str] = None
+        self.poster: Optional[rank_exchange.StorePoster] = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="mf_celldump-rank-verdict", daemon=True)
         self._thread.start()
@@ -85,21 +86,26 @@ class Publisher:
         return not self._thread.is_alive()
 
     def _loop(self) -> None:
+        self._guarded(self._connect)
         while True:
             item = self._queue.get()
             if item is None:
+                if self.poster is not None:
+                    self.poster.close()
                 return
-            if self.broken:
-                continue
-            key, value = item
-            try:
-                with rank_exchange.Client(self.address, self.timeout_s) as store:
-                    store.set(key, value)
-                    store.add(Keys.present(key), 1)
-            except Exception as err:  # noqa: BLE001  -- never let this thread take training down
-                self.broken = str(err).splitlines()[0] if str(err) else type(err).__name__
-                logger.warning("mf_celldump: ranks: cannot post to rank 0's store (%s); this rank's summaries "
-                               "will be missing from the verdict", self.broken)
+            if not self.broken:
+                self._guarded(lambda pair=item: self.poster.post(*pair))
+
+    def _connect(self) -> None:
+        self.poster = rank_exchange.StorePoster.start(self.address, self.timeout_s)
+
+    def _guarded(self, action) -> None:
+        try:
+            action()
+        except Exception as err:  # noqa: BLE001  -- never let this thread take training down
+            self.broken = str(err).splitlines()[0] if str(err) else type(err).__name__
+            logger.warning("mf_celldump: ranks: cannot post to rank 0's store (%s); this rank's summaries "
+                           "will be missing from the verdict", self.broken)
 
 
 class RankVerdict:
@@ -109,45 +115,88 @@ class RankVerdict:
         self.config, self.rank, self.world = config, rank, world
         self.keys = Keys(run_tag)
         self.address: Optional[Tuple[str, int]] = None
-        self._server = None  # rank 0's store
+        self._server: Optional[rank_exchange.StoreServer] = None  # rank 0's store
         self._publisher: Optional[Publisher] = None
         self._own: Dict[int, bytes] = {}  # rank 0: its own summaries, by step
         self._lock = threading.Lock()
 
+    @staticmethod
+    def wanted(config: DumpConfig) -> bool:
+        """The verdict was asked for and can mean something: several ranks that process their steps."""
+        return config.rank_verdict and config.process_on_train_end and world_size() > 1
+
+    @staticmethod
+    def problem(config: DumpConfig) -> Optional[str]:
+        """Why this MindSpore or the configured port cannot serve the verdict (None: they can)."""
+        problem = rank_exchange.store_problem()
+        if problem:
+            return (f"rank_verdict: true needs a key-value store served by rank 0, but {problem}. Set "
+                    f"rank_verdict: false (the default) and check the ranks after the run with "
+                    f"`mf-celldump ranks DUMP`, or use MindSpore 2.9 or later")
+        port, hccl = config.rank_verdict_port, rank_exchange.hccl_ports()
+        if port is not None and port in hccl:
+            return (f"rank_verdict_port: {port} is among HCCL's host ports {hccl.start}-{hccl.stop - 1} "
+                    f"({rank_exchange.HCCL_BASE_PORT_ENV}); choose a port outside them, or 'auto'")
+        return None
+
+    @staticmethod
+    def check(config: DumpConfig) -> None:
+        """Refuse (``AttachError``) a verdict asked for that this MindSpore or this port cannot serve.
+
+        Every rank runs the same check on the same installation before attaching, so all refuse together
+        and none waits in the address exchange for a rank that refused.
+        """
+        if RankVerdict.wanted(config):
+            problem = RankVerdict.problem(config)
+            if problem:
+                raise _refusal(problem)
+
     @classmethod
     def start(cls, config: DumpConfig, rank: int, run_tag: int) -> Optional[RankVerdict]:
-        """Set the exchange up (every rank calls this at attach, together); None when off or impossible."""
-        world = world_size()
-        if not config.rank_verdict or world < 2 or not config.process_on_train_end:
+        """Set the exchange up (every rank calls this at attach, together); None when off.
+
+        ``AttachError`` on every rank when rank 0 could not serve the store (rank 0's says why).
+        """
+        if not cls.wanted(config):
             return None
+        cls.check(config)
+        world = world_size()
         problem = config.replica_groups.check_world(world)
         if problem:
             logger.warning("mf_celldump: ranks: replica_groups %s: %s; no verdict across ranks",
                            config.replica_groups.describe(), problem)
         verdict = cls(config, rank, world, run_tag)
         verdict._setup()
-        return verdict if verdict.address is not None else None
+        return verdict
 
     def _setup(self) -> None:
-        served = None
+        served, reason = None, "see rank 0's log"
         if self.rank == 0:
             try:
-                self._server, ip, port = rank_exchange.serve(self.world, rank_exchange.CONNECT_TIMEOUT_S)
-                served = (ip, port)
-            except Exception as err:  # noqa: BLE001  -- the other ranks still need port 0 from us
-                logger.warning("mf_celldump: ranks: no verdict across ranks: %s", err)
+                self._server = rank_exchange.StoreServer.start(self.world, self.config.rank_verdict_port)
+                served = self._server.address
+            except rank_exchange.ExchangeError as err:  # the other ranks still need port 0 from us
+                reason = str(err)
         try:
             self.address = rank_exchange.share_address(self.rank, served)
         except Exception as err:  # noqa: BLE001
-            logger.warning("mf_celldump: ranks: no verdict across ranks: the store address could not be shared "
-                           "(%s: %s)", type(err).__name__, err)
-            self.address = None
+            self.close()
+            raise _refusal(f"rank_verdict: the store address could not be shared across ranks "
+                              f"({type(err).__name__}: {err}); set rank_verdict: false") from None
         if self.address is None:
-            self._server = None
-            return
+            self.close()
+            raise _refusal(f"rank_verdict: rank 0 could not serve the verdict's store ({reason}); set "
+                              f"rank_verdict_port to a free port that the other nodes may reach, or rank_verdict: "
+                              f"false")
         if self.rank != 0:
             self._publisher = Publisher(self.address)
         logger.info("mf_celldump: ranks: step summaries go to rank 0's store at %s:%d", *self.address)
+
+    def close(self) -> None:
+        """Stop rank 0's store (its child process); nothing on the other ranks."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     # -- during training (the processing reply thread) ------------------------------------
     def on_summary(self, data: dict) -> None:
@@ -173,7 +222,7 @@ class RankVerdict:
             logger.warning("mf_celldump: ranks: the verdict across ranks failed: %s: %s", type(err).__name__, err)
             return []
         finally:
-            self._server = None  # rank 0: the store closes with it
+            self.close()
 
     def _post_final(self, captured_steps: Iterable[int]) -> None:
         publisher = self._publisher
@@ -188,7 +237,9 @@ class RankVerdict:
         return [r for r in range(1, self.world) if r in self.config.ranks]
 
     def _collect(self, captured_steps: Iterable[int]) -> List[str]:
-        store = self._server
+        return self._check_all(self._server, captured_steps)  # read by the store's own process
+
+    def _check_all(self, store: rank_exchange.StoreServer, captured_steps: Iterable[int]) -> List[str]:
         finals = self._wait_finals(store, self._expected())
         steps = set(captured_steps) | set(self._own)
         for posted in finals.values():
@@ -233,10 +284,15 @@ class RankVerdict:
             time.sleep(POLL_S)
 
     @staticmethod
-    def _fetch(store, key: str) -> Optional[bytes]:
-        if store.add(Keys.present(key), 0) < 1:
-            return None
-        return bytes(store.get(key))
+    def _fetch(store: rank_exchange.StoreServer, key: str) -> Optional[bytes]:
+        return store.fetch(key)
+
+
+def _refusal(message: str) -> Exception:
+    """The attach refusal (imported late: the capture session pulls in MindSpore)."""
+    from mf_celldump.capture.session import AttachError
+
+    return AttachError(message)
 
 
 def _steps_of(payload: bytes) -> List[int]:

@@ -113,14 +113,20 @@ class TrainingRun:
         """Attach to ``network`` unless this run already did; returns the handle."""
         if self.dump is not None:
             return self.dump
-        from mf_celldump.capture.session import attach  # refuses a network that already has a dump
+        from mf_celldump.capture.session import AttachError, attach  # refuses a network that already has a dump
 
+        RankVerdict.check(self.config)  # a verdict asked for that cannot be served: refused before anything changes
         self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)
         self.summary.rank = self.dump.rank
         self.summary.dump_path = self.dump.dump_path
         logger.info("mf_celldump: capture attached%s (first step %d)", f" at {origin}" if origin else "",
                     initial_step)
-        self.verdict = RankVerdict.start(self.config, self.dump.rank, self.run_tag)  # every rank, together
+        try:
+            self.verdict = RankVerdict.start(self.config, self.dump.rank, self.run_tag)  # every rank, together
+        except AttachError:
+            self.dump.detach()
+            self.dump = None
+            raise
         if self.config.process_on_train_end and self.dump.rank in self.config.ranks:
             self._step_processor().prepare()  # before training: submit stays a queue put
         return self.dump

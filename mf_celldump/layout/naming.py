@@ -26,6 +26,11 @@ DUMP_JSON = "dump.json"
 RUN_ID_KEY = "mf_celldump_run_id"
 # Our key in dump.json's head: the parallel layout capture knew (``{"tensor_parallel": T, ...}``), for compare.
 PARALLEL_KEY = "mf_celldump_parallel"
+# Our key in dump.json's head (and the raw manifest's): where the parameters_grad entries were read,
+# {"point": "autodiff" | "optimizer_input", "micro_batches": N}; docs/capture.md, "Weight gradients".
+PARAMETERS_GRAD_KEY = "mf_celldump_parameters_grad"
+GRADIENT_POINT_AUTODIFF = "autodiff"
+GRADIENT_POINT_OPTIMIZER = "optimizer_input"
 CONSTRUCT_JSON = "construct.json"
 STACK_JSON = "stack.json"
 TENSOR_DIR = "dump_tensor_data"

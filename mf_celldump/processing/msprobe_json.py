@@ -219,17 +219,17 @@ class LeafCounts:
 
 def dump_json_encoded(task: str, data_dir: Optional[str], bodies: Iterable[Tuple[str, str]],
                       run_id: str = "", counts: Optional[LeafCounts] = None,
-                      parallel: Optional[dict] = None) -> Iterable[str]:
+                      extra_head: Optional[Dict[str, dict]] = None) -> Iterable[str]:
     """dump.json as text chunks, one entry per line, from (name, ``encoded`` body); ``run_id`` names the run
-    in the head (before ``data``), ``parallel`` the layout capture knew (the manifest's); ``counts``, when
-    given, counts the leaves as they are written."""
+    in the head (before ``data``); ``extra_head``: our keys of the head that capture knew, e.g. the parallel
+    layout (``naming.PARALLEL_KEY``) and where weight gradients were read (``naming.PARAMETERS_GRAD_KEY``),
+    each written when it is a non-empty mapping; ``counts``, when given, counts the leaves as written."""
     head = {"task": task, "level": "L0", "framework": "mindspore", "dump_data_dir": data_dir}
     if run_id:
         head[naming.RUN_ID_KEY] = run_id
-    if isinstance(parallel, dict) and parallel:
-        head[naming.PARALLEL_KEY] = parallel
-    if isinstance(parallel, dict) and parallel:
-        head[naming.PARALLEL_KEY] = parallel
+    for key, value in (extra_head or {}).items():
+        if isinstance(value, dict) and value:
+            head[key] = value
     yield "{\n"
     for key, value in head.items():
         yield f" {json.dumps(key)}: {json.dumps(value)},\n"
@@ -266,16 +266,16 @@ Node = Tuple[str, CellRecord, Optional[str]]  # an entry of construct.json and s
 
 def output_texts(task: str, data_dir: Optional[str], run_id: str, bodies: Iterable[Tuple[str, str]],
                  nodes: Callable[[], Iterable[Node]], counts: Optional[LeafCounts] = None,
-                 parallel: Optional[dict] = None) -> Iterator[Tuple[str, Iterable[str]]]:
+                 extra_head: Optional[Dict[str, dict]] = None) -> Iterator[Tuple[str, Iterable[str]]]:
     """(file name, text chunks) of the three files, lazy: the caller streams one after the other.
 
     ``data_dir`` is the final ``dump_tensor_data`` folder (tensor task) or None; ``run_id``:
     the capture's run, recorded in dump.json's head. ``bodies``: (name, ``encoded`` body) of
     every entry in execution order; ``nodes``: a callable giving (name, cell, parent) of those
     that are nodes (not ``parameters_grad``: msprobe places them by name), twice; ``counts``: see
-    :class:`LeafCounts`; ``parallel``: the layout capture knew, written into dump.json's head.
+    :class:`LeafCounts`; ``extra_head``: see :func:`dump_json_encoded`.
     """
-    yield naming.DUMP_JSON, dump_json_encoded(task, data_dir, bodies, run_id, counts, parallel)
+    yield naming.DUMP_JSON, dump_json_encoded(task, data_dir, bodies, run_id, counts, extra_head)
     yield naming.CONSTRUCT_JSON, one_per_line((name, parent) for name, _, parent in nodes())
     yield naming.STACK_JSON, one_per_line((name, stack_lines(cell)) for name, cell, _ in nodes())
 

@@ -219,7 +219,8 @@ def _texts(ctx: RankContext, store: EntryStore, data_dir: Optional[str], body_of
     return msprobe_json.output_texts(
         ctx.manifest.task, data_dir, ctx.manifest.run_id, store.bodies(body_of),
         lambda: ((name, cells[cell], parent) for name, cell, parent in store.nodes()), counts,
-        ctx.manifest.details.get("parallel"))
+        {naming.PARALLEL_KEY: ctx.manifest.details.get("parallel"),
+         naming.PARAMETERS_GRAD_KEY: ctx.manifest.details.get(naming.PARAMETERS_GRAD_KEY)})
 
 
 def _decoded(bodies: Iterable[Tuple[str, str]]) -> Iterator[Tuple[str, dict]]:

@@ -137,6 +137,17 @@ def enclosing_groups(cells: Iterable[str]) -> set:
     return out
 
 
+def gradient_points_apart(unit: Unit) -> Optional[str]:
+    """Why the two sides' weight gradients are not comparable: their dump.json say they were read at different
+    points (autodiff's gradient against the optimizer's input, which is after reduction, loss-scale division
+    and clipping); None when they agree or a side does not say."""
+    points = (unit.target.gradient_point, unit.baseline.gradient_point)
+    if None in points or points[0] == points[1]:
+        return None
+    return (f"weight gradients recorded at different points: target {points[0]}, baseline {points[1]} "
+            f"(optimizer_input is after the training wrapper's reduction, loss-scale division and clipping)")
+
+
 class UnitPairer:
     """Compares every target entry of one unit and writes the pair rows."""
 
@@ -236,6 +247,10 @@ class UnitPairer:
         return self.measure(row, record, base_record, base_cell, plan)
 
     def pair_weight(self, row, record, own, base_body, base_cell, rules: CompareRules) -> Dict[str, Any]:
+        if row["kind"] == WEIGHT_GRAD:
+            apart = gradient_points_apart(self.unit)
+            if apart:
+                return dict(row, status="skipped", skip_class=BY_DESIGN, reason=apart)
         name = row["slot"].partition(".")[2]
         theirs = weight_records(base_body, gradients=row["kind"] == WEIGHT_GRAD)
         partner, note = _weight_partner(name, own, theirs)

@@ -15,6 +15,7 @@ import numpy as np
 
 from mf_celldump.analysis.compare import tensors
 from mf_celldump.errors import CompareInputError
+from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY
 from mf_celldump.layout.reader import DumpJson, RankDump
 
 
@@ -30,6 +31,11 @@ class DumpSide(Protocol):
 
     @property
     def task(self) -> str: ...
+
+    @property
+    def gradient_point(self) -> Optional[str]:
+        """Where its weight gradients were read, as its dump.json says (``naming.PARAMETERS_GRAD_KEY``);
+        None when it does not say (msprobe's dumps, ours before the key existed)."""
 
     def entries(self) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """(entry name, body) in the dumper's execution order."""
@@ -63,6 +69,12 @@ class RankFolder:
     @property
     def task(self) -> str:
         return self._json.task
+
+    @property
+    def gradient_point(self) -> Optional[str]:
+        said = self._json.header.get(PARAMETERS_GRAD_KEY)
+        point = said.get("point") if isinstance(said, dict) else None
+        return point if isinstance(point, str) else None
 
     def entries(self) -> Iterator[Tuple[str, Dict[str, Any]]]:
         return self._json.entries()
