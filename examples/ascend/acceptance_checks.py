@@ -226,9 +226,14 @@ def check_count(name: str, got: int, want: int, defect: str) -> Check:
     return _line(got == want, defect, f"{name}: {want} expected, {got} found")
 
 
-def check_weight_gradients_refused(leaves: Leaves, log: str) -> Check:
-    """Optimizer under ``if not overflow``: graph TensorDump records no weight gradient there, and says so."""
+def check_weight_gradients_before_the_branch(leaves: Leaves, dump_path: str, step: int = 0) -> Check:
+    """Optimizer under ``if not overflow``: the weight gradients are recorded where autodiff gives them (a hook
+    compiled into the backward graph, which runs before the branch), never by probes put inside the branch."""
     grads = [k for k in leaves if k[1] == "parameters_grad"]
-    said = "parameters_grad is not recorded" in log
-    return _line(not grads and said, CONTROL_FLOW, f"no weight gradient recorded under the overflow branch "
-                 f"({len(grads)} recorded) and the reason said ({said})")
+    point = None
+    path = os.path.join(dump_path, f"step{step}", "rank", "dump.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            point = (json.load(handle).get("mf_celldump_parameters_grad") or {}).get("point")
+    return _line(bool(grads) and point == "autodiff", CONTROL_FLOW, f"weight gradients recorded where autodiff "
+                 f"gives them, before the overflow branch ({len(grads)} recorded, point {point})")
