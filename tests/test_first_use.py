@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import io
-import json
 import logging
 import os
 import shutil
@@ -21,6 +20,7 @@ from mf_celldump.config import ConfigError, DumpConfig
 from mf_celldump.processing.driver import process_dump
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import REPO, A, F, build_dump, limited_python, run_cli
+from tests.support.mcore_cpu_patches import load_example
 
 README = os.path.join(REPO, "README.md")
 
@@ -194,26 +194,10 @@ def test_counts_of_one_and_weight_gradient_entries_are_named_as_such(tmp_path):
         report.summary()
 
 
+
 def _dump_json_leaves(folder):
-    """(tensor leaves, other leaves) of a folder's dump.json, walked as a reader would."""
-    with open(os.path.join(folder, "dump.json"), encoding="utf-8") as handle:
-        data = json.load(handle)["data"]
-    counts = [0, 0]
-
-    def walk(node):
-        if isinstance(node, dict) and "type" in node:
-            counts[0 if node["type"] == "mindspore.Tensor" else 1] += 1
-        elif isinstance(node, dict):
-            for item in node.values():
-                walk(item)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-        elif node is None:
-            counts[1] += 1
-
-    walk(list(data.values()))
-    return tuple(counts)
+    """(tensor leaves, other leaves) of a folder's dump.json, as the main job's summary counts them."""
+    return load_example("run_tiny_llama")._folder_counts(folder)[1:]
 
 
 # -- register-path --yaml prints the entry to add ------------------------------------------

@@ -198,9 +198,10 @@ class ParameterCapture:
 
         return hook
 
-    def wrap_optimizer(self, network, gradient_probe: Optional[GradientProbe], in_control_flow: bool = True,
+    def wrap_optimizer(self, network, gradient_probe: GradientProbe, in_control_flow: bool = True,
                        plain: Optional[Callable] = None) -> None:
-        """Wrap the optimizer inside ``network`` so the gradients it receives are recorded (graph mode)."""
+        """Wrap the optimizer inside ``network`` so the gradients it receives are recorded (graph mode; the
+        probe is checked by ``capture_gradients``, the one caller)."""
         optimizer = find_optimizer(network)
         if optimizer is None:
             logger.info("no mindspore.nn.Optimizer inside %s: parameters_grad is not recorded (attach to the "
@@ -217,11 +218,6 @@ class ParameterCapture:
         table = self._gradient_table(optimizer)
         if not table:
             return
-        if gradient_probe is None:
-            logger.warning("this capture backend records no gradient in graph mode outside a cell: "
-                           "parameters_grad is not recorded")
-            return
-        check_probe(gradient_probe, GradientProbe, "graph")
         construct = _graph_optimizer_construct(optimizer.construct, table, gradient_probe, plain)
         if construct is not None:
             self.installed.append(install(optimizer, construct))

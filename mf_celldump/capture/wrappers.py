@@ -204,20 +204,20 @@ def _slicer_lists(cell) -> List[Tuple[str, list]]:
     return found
 
 
+def _marks(cells: Sequence[object]) -> set:
+    """The attribute names of every primitive the cells hold: the marks MindSpore's passes read."""
+    return {name for cell in cells for prim in _primitives(cell) for name in getattr(prim, "attrs", {})}
+
+
 def _slicer_kind(cell, slicers: Sequence[object]) -> str:
-    marks = set()
-    for slicer in slicers:
-        for prim in _primitives(slicer):
-            marks.update(getattr(prim, "attrs", {}))
+    marks = _marks(slicers)
     if "seq_split_slice" in marks:
         return SEQUENCE
     if "interleave_num" in marks:
         return INTERLEAVE
     if "grad_accu_num" in marks:
         return ACCUMULATION
-    ends = set()
-    for prim in _primitives(cell):
-        ends.update(getattr(prim, "attrs", {}))
+    ends = _marks([cell])
     if "pipeline_end" in ends:
         return PIPELINE
     if "forward_end" in ends:
