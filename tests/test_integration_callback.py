@@ -50,7 +50,9 @@ SMALL_NET = textwrap.dedent('''
     net = Net()
     original_build = Model.__dict__["build"]
     ranks = [3] if scenario == "otherrank" else "all"
-    cb = CellDumpCallback(dump_path=dump_path, steps=[0, 2], task="tensor", layer_mapping=None, ranks=ranks)
+    data_mode = "forward" if scenario.endswith("-forward") else "all"
+    cb = CellDumpCallback(dump_path=dump_path, steps=[0, 2], task="tensor", layer_mapping=None, ranks=ranks,
+                          data_mode=data_mode)
     assert Model.__dict__["build"] is not original_build, "hook not installed"
     model = Model(net, loss_fn=nn.MSELoss(), optimizer=nn.SGD(net.trainable_params(), 0.01))
     if scenario.startswith("precompile"):
@@ -64,7 +66,7 @@ SMALL_NET = textwrap.dedent('''
                 break
             train_dataset.reset()
         Model._init = cpu_init
-        if scenario == "precompile-nohook":
+        if scenario.startswith("precompile-nohook"):
             cb._hook.remove()
         model.build(train_dataset=data, epoch=1, sink_mode=False)
         print("ATTACHED_BEFORE_TRAIN", find_attached(net) is not None)
@@ -278,9 +280,20 @@ def test_graph_compiled_in_model_build_is_still_captured(tmp_path):
     assert "Cell.fc2.Dense.forward.0" in _entries(dump, 2)
 
 
-def test_without_the_hook_a_precompiled_graph_captures_nothing(tmp_path):
-    """The control for the test above: attaching in on_train_begin is silently ignored."""
-    summary, lines, out, _ = _run_small(tmp_path, "graph", "precompile-nohook")
+def test_without_the_hook_weight_gradient_hooks_make_mindspore_compile_the_captured_graph(tmp_path):
+    """Attached in on_train_begin, after Model.build compiled the graph: registering the parameters'
+    gradient hooks changes MindSpore's compile key (its hook version), so the next call compiles again
+    and the wrapped constructs are in the graph."""
+    summary, lines, out, dump = _run_small(tmp_path, "graph", "precompile-nohook")
+    assert lines["ATTACHED_BEFORE_TRAIN"] == "False"
+    assert summary["processed"] == [0, 2] and summary["empty"] == [] and summary["problems"] == []
+    assert "Cell.fc1.Dense.parameters_grad.0" in _entries(dump, 2)
+
+
+def test_without_the_hook_a_precompiled_forward_capture_captures_nothing(tmp_path):
+    """The control: a forward capture registers no hook, so the graph compiled in Model.build runs as it was,
+    without capture ops, and the run says that no cell call reached the capture."""
+    summary, lines, out, _ = _run_small(tmp_path, "graph", "precompile-nohook-forward")
     assert lines["ATTACHED_BEFORE_TRAIN"] == "False"
     assert summary["entries"] == 0 and summary["empty"] == [0, 2]
     assert "no cell call reached the capture" in out

@@ -29,7 +29,7 @@ from mf_celldump.capture.backends import (
     create_backend,
 )
 from mf_celldump.capture.construct import GradientGapLog, InstalledConstruct, install, surplus_mode_warnings
-from mf_celldump.capture.graph_switch import GraphSwitch
+from mf_celldump.capture.graph_switch import GraphSwitch, finds_compiling_cell
 from mf_celldump.capture.graph_wrapper import GeneratedSources, graph_construct
 from mf_celldump.capture.micro_batches import MicroBatches, mindspore_parallel_settings
 from mf_celldump.capture.micro_batches import detect as detect_micro_batches
@@ -191,7 +191,7 @@ class CellDump:
         self._claim_dump_path()
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
         context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives,
-                                 (self.network, self.model))
+                                 (self.network, self.model), graph_mode and finds_compiling_cell())
         self.backend = create_backend(choice.name, context)
         try:
             self.backend.setup(self.initial_step)

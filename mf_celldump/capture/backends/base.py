@@ -35,7 +35,9 @@ class BackendContext:
     ``device`` is MindSpore's device target; ``primitives`` an ``AscendPrimitives`` given
     by the caller of ``attach`` (tests, platforms without the kernels), else None;
     ``networks`` the cell given to ``attach`` and the model inside it (where a cell's own
-    ``JitConfig`` is read).
+    ``JitConfig`` is read). ``unselected_steps_plain``: graph mode, where a step that is not
+    selected runs a compiled graph without capture ops (``capture/graph_switch.py``), so nothing
+    of ours is written in it whatever MindSpore's step filter lets through.
     """
 
     config: DumpConfig
@@ -44,6 +46,7 @@ class BackendContext:
     device: str = "CPU"
     primitives: Optional[Any] = None
     networks: Tuple[Any, ...] = ()
+    unselected_steps_plain: bool = False
 
     @property
     def sink(self) -> RawSink:

@@ -98,7 +98,7 @@ class TensorDumpBackend(CaptureBackend):
 
     @property
     def writes_unselected(self) -> bool:
-        return self.shared
+        return self.shared and not self.context.unselected_steps_plain
 
     @property
     def steps_fixed_at_attach(self) -> bool:
@@ -138,7 +138,12 @@ class TensorDumpBackend(CaptureBackend):
         self.steps = GraphStepMap.start(self.config.steps, initial_step, self.primitives.updates_sent())
         others = foreign_users()
         self.shared = bool(others) and not self.config.steps.selects_all
-        if self.shared:
+        if self.shared and self.context.unselected_steps_plain:
+            logger.info("%s write TensorDump files on every step, and MindSpore's TensorDump step filter "
+                        "(_tensordump_set_step) is one for the whole process: it stays open for them. Steps not "
+                        "selected run the graph without capture ops, so they write nothing of this capture",
+                        " and ".join(others))
+        elif self.shared:
             logger.warning(
                 "%s write TensorDump files on every step, and MindSpore's TensorDump step filter "
                 "(_tensordump_set_step) is one for the whole process: filtering steps=%s would silence them. "
@@ -210,7 +215,7 @@ class TensorDumpBackend(CaptureBackend):
             logger.warning("device synchronisation failed at the end of step %d: %s", step, err)
         if captured:
             self.steps.note_captured(step)
-        if captured or self.shared:  # shared: the files of a step not selected are deleted once this arrives
+        if captured or self.writes_unselected:  # the files of a step not selected are deleted once this arrives
             self._last_unselected = None if captured else step
             stem = td_done_stem(step) if captured else td_skip_stem(step)
             path = os.path.join(self.context.writer.placeholder_step_dir(), stem)
