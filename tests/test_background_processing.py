@@ -100,6 +100,16 @@ TRAINING = textwrap.dedent('''
             if scenario == "kill" and step == 3:
                 pid, _ = worker_pid()
                 os.kill(pid, signal.SIGKILL)
+                # The worker runs SCHED_IDLE: on a busy machine it dies only once it is scheduled again.
+                started = time.time()
+                while time.time() - started < 120:
+                    try:
+                        with open(f"/proc/{pid}/stat") as handle:
+                            if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                                break
+                    except FileNotFoundError:
+                        break
+                    time.sleep(0.01)
                 print("KILLED", pid, flush=True)
             if scenario == "timeout" and step == STEPS - 1:
                 self.worker, _ = worker_pid()

@@ -76,10 +76,10 @@ def test_the_monitor_files_appear_on_every_step_with_capture_attached(monitored_
 def test_the_capture_still_gives_exactly_the_selected_step(monitored_run):
     _, written, dump, _ = monitored_run
     graph_folders = {os.path.basename(os.path.dirname(p)) for p in written if "/celldump/" in p}
-    assert graph_folders == {f"step{k}" for k in range(STEPS)}, "MindSpore wrote every step"
+    assert graph_folders == {"step1"}, "the steps not selected ran the graph without capture ops"
     assert sorted(n for n in os.listdir(dump) if fmt.parse_step_dir_name(n) is not None) == ["step1"]
     raw = dump / fmt.RAW_ROOT / "rank0"
-    assert sorted(os.listdir(raw)) == [fmt.MANIFEST_FILE], "the steps not selected were deleted"
+    assert sorted(os.listdir(raw)) == [fmt.MANIFEST_FILE], "the raw step was removed once processed"
     with open(dump / "step1" / "rank" / fmt.DUMP_JSON, encoding="utf-8") as handle:
         data = json.load(handle)["data"]
     assert any(".backward." in name for name in data) and len(data) > 50
