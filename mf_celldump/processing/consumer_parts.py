@@ -1,8 +1,8 @@
-"""One value per call where MindSpore's parallel pass dumped it once per redistributing consumer.
+"""One value per call where MindSpore's parallel pass dumped it once per parallel-care consumer.
 
-Under (semi-)auto parallel, when a probed value feeds N consumers that each need a
-redistribution, MindSpore deletes its ``'in'`` TensorDump and ``'out'`` DumpGradient and
-inserts a new TensorDump and DumpGradient between each consumer and its redistribution
+Under (semi-)auto parallel, when a probed value feeds N parallel-care consumers, MindSpore
+deletes its ``'in'`` TensorDump and ``'out'`` DumpGradient and inserts a new TensorDump and
+DumpGradient on each consumer's input, after its redistribution if it has one
 (``parallel_tensordump.cc``: ``HandleDumpAfterRedistributionNode``, ``InsertNewTensorDump``,
 ``MakeInModeDumpAfterRedistribution``, ``MakeOutModeDumpBwdHookAfterRedistribution``). Each
 copy keeps the file name, so a call of such a probe leaves N forward files (the value as
@@ -105,7 +105,7 @@ def merge_consumer_parts(captures: List[Capture], shape_of: ShapeOf, problems: L
             continue
         if count == 0 or len(group) % count:
             problems.append(f"cell id {probe[0]} {probe[1]} {probe[2]}{list(probe[3])}: {len(group)} captures for "
-                            f"{count} calls, not one per redistributing consumer of each; numbered as calls")
+                            f"{count} calls, not one per parallel-care consumer of each; numbered as calls")
             continue
         group.sort(key=lambda c: c.sort_key)
         size = len(group) // count
