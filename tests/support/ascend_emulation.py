@@ -41,9 +41,12 @@ later files from the search index):
   EV    the source of mindspore/ccsrc/include/utils/env_vars.h (GetDumpSliceSize, GetDumpWaitTime)
   AAD   mindspore/ccsrc/backend/common/pass/other/add_attr_to_dump.cc (AddAttrToDump::Process)
 
-Limits (see docs/capture.md and docs/ascend-emulation.md): the redistribution itself does
-not exist on one CPU, so the parallel pass's per-consumer dumps are reproduced for the
-consumers a test declares (``RedistributedValue``); TensorDump in control flow is refused
+Limits (see docs/capture.md and docs/ascend-emulation.md): neither the redistribution nor a
+forward AllReduce exists on one CPU, so the parallel pass's per-consumer dumps (PTD at
+v2.9.0: copies for every parallel-care consumer, on its input after any Cast; users outside
+them lose their gradient hook) are reproduced for the consumers a test declares
+(``RedistributedValue``), and its re-pointing of ``'out'`` dumps to the partial sum before a
+forward AllReduce for the op a test declares (``ForwardCommunication``); TensorDump in control flow is refused
 by counting dumps against the compiled top graph (``ControlFlowCheck``); the number format of
 statistic values and whether an input-slot-0 row exists are not settled from source
 (here: ``repr`` of a float32, no slot-0 row); sink mode with sink_size > 1 is not
