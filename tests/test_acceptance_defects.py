@@ -14,6 +14,7 @@ import os
 import sys
 
 import pytest
+from mindspore.ops.primitive import constexpr
 
 from mf_celldump.capture import parameters
 from mf_celldump.capture import session as capture_session
@@ -23,7 +24,7 @@ from mf_celldump.capture.backends.tensordump import TensorDumpBackend
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
 from mf_celldump.capture.graph_switch import GraphSwitch
 from mf_celldump.integrations.run import TrainingRun
-from mf_celldump.processing import entries, entry_build
+from mf_celldump.processing import consumer_parts, entries, entry_build
 from tests.support.ascend_emulation import AscendEmulator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,6 +123,29 @@ def _assign_calls_from_the_end(patch):
                   lambda captures, shape_of=None, micro_batches=1: entries.assign_calls(captures, shape_of, 1))
 
 
+def _pass_unseen(patch):
+    """The capture blind to MindSpore's parallel pass: a widened 'in' probe dumped and hooked as without it, so the
+    pass clones both after the cast back (bfloat16 under a float32 name)."""
+    patch.setattr(TensorDumpBackend, "under_parallel_pass", lambda self: False)
+
+
+def _no_widened_out_refusal(patch):
+    """A widened 'out' probe under the pass not refused: it records the reduced value of an AllReduce output where
+    float32 probes and the tensor task record the partial sum."""
+    patch.setattr(tensordump_backend, "_make_parallel_widening_refusal",
+                  lambda enabled, backend: constexpr(lambda wide, head, use_in: 0))
+
+
+def _copies_never_one_value(patch):
+    """Copies of one shape taken for different values, as if only a redistribution could make a copy."""
+    patch.setattr(consumer_parts._CallMerger, "_contents_differ", lambda self, copies: True)
+
+
+def _contents_not_compared(patch):
+    """Copies of one shard shape taken for one region without comparing what they hold."""
+    patch.setattr(consumer_parts._CallMerger, "_contents_differ", lambda self, copies: False)
+
+
 def _iteration_from_the_process_start(patch):
     """The statistics dump's iteration left where MindSpore starts it (0 in every process), not pinned to the
     global step at attach and at each step."""
@@ -148,6 +172,10 @@ DEFECTS = {
     ac.MICRO_BATCHES: ("micro_batches", _assign_calls_from_the_end),
     ac.REDISTRIBUTION: ("redistribution", lambda p: p.setattr(entry_build, "merge_consumer_parts",
                                                               lambda captures, *args, **kwargs: captures)),
+    ac.EVERY_CONSUMER: ("redistribution", _copies_never_one_value),
+    ac.WIDENED_IN: ("parallel_pass", _pass_unseen),
+    ac.FORWARD_COMM: ("parallel_pass", _no_widened_out_refusal),
+    ac.REGIONS: ("parallel_pass", _contents_not_compared),
     ac.CONTROL_FLOW: ("control_flow", _gradients_from_the_optimizer_inside_the_branch),
     ac.STEP_FILTER: ("step_filter", lambda p: p.setattr(TensorDumpBackend, "teardown", lambda self: None)),
     ac.SECOND_KIND: ("second_kind", lambda p: p.setattr(tensordump_backend, "check_tensordump_can_write",

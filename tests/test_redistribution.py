@@ -1,10 +1,12 @@
 """Values MindSpore's parallel pass dumps once per redistributing consumer are one call, one value, one gradient.
 
 Under (semi-)auto parallel MindSpore replaces a value's ``'in'`` TensorDump and ``'out'``
-DumpGradient by one of each per consumer that needs a redistribution
-(``parallel_tensordump.cc``); the emulation reproduces that pass (``RedistributedValue``,
-tests/support/ascend_emulation.py) on a network whose probed inputs feed 2 and 3 such
-consumers (tests/support/redistribution_net.py). Processing must record one forward value
+DumpGradient by one of each per parallel-care consumer, also one that takes the producer's
+layout and needs no redistribution (``parallel_tensordump.cc``, MindSpore 2.9:
+``ParallelProcessor::StepRedistribution`` hands every such consumer to the handler); the
+emulation reproduces that pass (``RedistributedValue``, tests/support/ascend_emulation.py)
+on a network whose probed inputs feed 2 and 3 such consumers
+(tests/support/redistribution_net.py). Processing must record one forward value
 per call and one gradient: the sum of the per-consumer parts where they share a shape, the
 parts named as parts where they do not (or where only their statistics exist); it must
 never count consumers as calls. Values are checked against ``mindspore.grad``.

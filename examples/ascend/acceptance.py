@@ -20,7 +20,8 @@ any FAIL). No missing file is tolerated.
 
 2. Small-network scenarios (``acceptance_scenarios.py``), each in a process of its own:
    micro-batch pairing under gradient accumulation, redistribution, 'in'-mode pairing,
-   control flow, the process-wide step filter, a second capture kind in one process,
+   the rest of MindSpore's parallel pass (casts, forward AllReduce, regions), control flow,
+   the process-wide step filter, a second capture kind in one process,
    big dumps and slicing, the GE check, the TensorDump channel, the MindSpore < 2.7 refusal,
    bf16 statistics, asynchronous writes racing processing.
 
@@ -69,8 +70,8 @@ PRUNED = re.compile(r"Cell\.model\.(freqs_mgr\.FreqsMgr\.forward\.\d+\.output\.2
                     r"|layers\.\d+\.attention\.apply_rotary_emb\.RotaryEmbedding\.forward\.\d+\.input\.2\.2)\.npy$")
 # acceptance_scenarios.py's scenarios (listed here: importing it imports MindSpore).
 SCENARIO_NAMES = ("steps", "past", "statistics", "statistics_resumed", "bf16", "micro_batches", "redistribution",
-                  "in_pairing", "control_flow", "step_filter", "second_kind", "slicing", "ge_check", "channel",
-                  "version")
+                  "in_pairing", "parallel_pass", "control_flow", "step_filter", "second_kind", "slicing", "ge_check",
+                  "channel", "version")
 CPU_LIMIT = "SKIP (CPU: MindSpore's CPU kernels have no bfloat16 MatMul; the bf16 scenario covers bf16 here)"
 
 

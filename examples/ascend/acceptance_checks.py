@@ -37,6 +37,10 @@ SLICING = "big dumps need MS_DUMP_SLICE_SIZE / MS_DUMP_WAIT_TIME"
 BF16 = "bf16 statistics computed in float32, not the input dtype"
 GE_CHECK = "GE backend check (every way MindSpore picks GE, not only jit_level)"
 CHANNEL = "TensorDump channel exists only under backend policy 'ge'"
+WIDENED_IN = "widened 'in' probes under the parallel pass (copies after the cast back: producer side instead)"
+FORWARD_COMM = "widened 'out' dumps before a forward AllReduce (refused under the parallel pass)"
+EVERY_CONSUMER = "copies for every parallel-care consumer (the producer's layout too: one value)"
+REGIONS = "copies of one shard shape holding different regions (contents compared)"
 
 
 def _line(ok: bool, defect: str, text: str) -> Check:
@@ -210,6 +214,29 @@ def check_redistribution(leaves: Leaves, arrays: Arrays, cell: str, want_input: 
         what = ", the value once and the gradient the sum of the consumers' parts"
     return _line(ok, REDISTRIBUTION, f"{cell}: one forward and one backward call (got {len(calls)}: "
                  f"{', '.join(calls[:4])}){what}")
+
+
+def check_one_value_from_copies(leaves: Leaves, arrays: Arrays, cell: str, want_input: np.ndarray) -> Check:
+    """Copies a consumer in the producer's layout took (MindSpore copies for it too, no redistribution needed):
+    the value recorded once, not as parts."""
+    entry = f"Cell.{cell}.Fan.forward.0"
+    name = leaves.get((entry, "input", "0"), {}).get("data_name")
+    parts = sorted(k[2] for k in leaves if k[0] == entry and k[1] == "input" and "." in k[2])
+    ok = name in arrays and np.array_equal(arrays[name], want_input) and not parts
+    return _line(ok, EVERY_CONSUMER, f"{cell}: the copies of consumers in the producer's layout are its input once "
+                 f"(got {len(parts)} parts{': ' + ', '.join(parts) if parts else ''})")
+
+
+def check_regions(leaves: Leaves, arrays: Arrays, entry: str, takes: Sequence[np.ndarray]) -> Check:
+    """Copies of one shard shape from different regions: forward parts, each what its consumer took, and the
+    gradient in parts (a sum of different regions' gradients would be wrong)."""
+    forward = [leaves.get((f"{entry}.forward.0", "input", f"0.{i}"), {}).get("data_name") for i in range(len(takes))]
+    backward = [k for k in leaves if k[0] == f"{entry}.backward.0" and k[1] == "output"]
+    ok = all(n in arrays for n in forward) and all(np.array_equal(arrays[n], t) for n, t in zip(forward, takes)) \
+        and len(backward) == len(takes) and all("." in k[2] for k in backward)
+    return _line(ok, REGIONS, f"{entry}: {len(takes)} forward parts equal to what each consumer took, the gradient "
+                 f"in {len(takes)} parts (got {len([n for n in forward if n in arrays])} forward parts, backward "
+                 f"{sorted(k[2] for k in backward)})")
 
 
 def check_refused(name: str, error: Optional[str], pattern: str, defect: str) -> Check:

@@ -300,7 +300,77 @@ def scenario_redistribution(workdir: str, emulate: bool) -> Checks:
     leaves, arrays = ac.read_step(dump, 0)
     return [ac.check_no_problem("redistribution", report.all_problems, ac.REDISTRIBUTION),
             ac.check_redistribution(leaves, arrays, "fan2", want["fan2"]["input"], want["fan2"]["gradient"]),
-            ac.check_redistribution(leaves, arrays, "fan3", None, None)]
+            ac.check_redistribution(leaves, arrays, "fan3", None, None),
+            ac.check_one_value_from_copies(leaves, arrays, "fan2", want["fan2"]["input"])]
+
+
+def _parallel_pass_run(workdir: str, name: str, config: dict, row_dtype) -> tuple:
+    """One captured step of tests/support/parallel_pass_net.py under the emulated parallel pass:
+    (error or None, leaves, arrays, problems)."""
+    from tests.support import parallel_pass_net as pn
+    from tests.support.ascend_emulation import ForwardCommunication, RedistributedValue
+
+    mapping, dump = os.path.join(workdir, "pass.yaml"), os.path.join(workdir, name)
+    with open(mapping, "w", encoding="utf-8") as handle:
+        handle.write(pn.MAPPING)
+    sep = "-" if config["backend"] == "kbk_statistics" else "."
+    with Device(True, {"parallel": True, "latency": 0.001}) as device:
+        values = {cell: RedistributedValue(device.emulator, layouts) for cell, layouts in pn.LAYOUTS.items()}
+        comm = ForwardCommunication(device.emulator, 2)
+        net = pn.make_net({cell: [v.consumer(i) for i in range(len(v.layouts))] for cell, v in values.items()},
+                          comm.allreduce(), row_dtype)
+        captured = mf_celldump.attach(net, dict(config, layer_mapping=[mapping], parameters=False,
+                                                process_on_train_end=False, dump_path=dump))
+        cells = {s.name: s.cell_id for s in captured.cells}
+
+        def stem(cell, direction, slot):
+            wide = "-wbfloat16" if cell == "widened" and sep == "-" else ""  # the statistics' float32 copy
+            return fmt.raw_stem(fmt.Key(cells[cell], direction, slot, fmt.KIND_TENSOR, (0,), None), sep) + wide
+
+        for cell, value in values.items():
+            value.bind(stem(cell, fmt.FORWARD, fmt.SLOT_ARG), stem(cell, fmt.BACKWARD, fmt.SLOT_ARG))
+        comm.bind(stem("row", fmt.FORWARD, fmt.SLOT_OUTPUT))
+
+        def one_step():
+            with captured.step(0):
+                ms.grad(net, weights=net.trainable_params())(pn.make_input())
+
+        error = _error(one_step)
+        captured.detach()
+        device.drain()
+    if error is not None:
+        return error, {}, {}, []
+    report = process(captured)
+    return (None,) + ac.read_step(dump, 0) + (report.all_problems,)
+
+
+def scenario_parallel_pass(workdir: str, emulate: bool) -> Checks:
+    """What MindSpore's parallel pass does beyond per-consumer copies (parallel_tensordump.cc): copies after our
+    cast back, 'out' dumps re-pointed before a forward AllReduce, copies of one shape from different regions.
+    Emulated (RedistributedValue, ForwardCommunication); on NPUs the tp2 run meets them, values unchecked."""
+    labels = (ac.WIDENED_IN, ac.FORWARD_COMM, ac.REGIONS)
+    if not emulate:
+        return [(True, f"{SKIP} [{label}] emulated only; on NPUs the tp2 run meets it (needs 2 NPUs)")
+                for label in labels]
+    from tests.support import parallel_pass_net as pn
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    want = pn.reference(pn.make_net(), pn.make_input(), 2)
+    checks = []
+    widened = {("Cell.widened.Widened.forward.0", "input", "0"): want["widened"]["input"],
+               ("Cell.widened.Widened.backward.0", "output", "0"): want["widened"]["gradient"]}
+    error, leaves, _, problems = _parallel_pass_run(workdir, "statistics", STATISTICS, ms.float32)
+    checks.append(ac.check_no_problem("statistics under the parallel pass", problems + [error] * bool(error),
+                                      ac.WIDENED_IN))
+    checks.append(ac.check_statistics(leaves, widened, 2e-6, ac.WIDENED_IN))
+    error, leaves, arrays, problems = _parallel_pass_run(workdir, "tensor", TENSOR, ms.float32)
+    checks.append(ac.check_no_problem("tensor under the parallel pass", problems + [error] * bool(error),
+                                      ac.REGIONS))
+    checks.append(ac.check_regions(leaves, arrays, "Cell.regions.Regions", want["regions"]["takes"]))
+    error, _, _, _ = _parallel_pass_run(workdir, "refused", STATISTICS, ms.bfloat16)
+    checks.append(ac.check_refused("statistics of a bfloat16 AllReduce output in 'out' mode", error,
+                                   "MakeOutModeDumpBeforeFwdComm", ac.FORWARD_COMM))
+    return checks
 
 
 def scenario_in_pairing(workdir: str, emulate: bool) -> Checks:

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Protocol, Set, Tupl
 from mf_celldump import fsutil
 from mf_celldump.layout import naming
 from mf_celldump.processing import msprobe_json
-from mf_celldump.processing.consumer_parts import merge_consumer_parts
+from mf_celldump.processing.consumer_parts import ContentOf, merge_consumer_parts
 from mf_celldump.processing.entries import (
     Entry,
     ShapeOf,
@@ -95,11 +95,11 @@ class SecondCaptures:
 
 
 def build_step(manifest: Manifest, store: EntryStore, shape_of: ShapeOf, problems: List[str],
-               warnings: List[str], body_of: BodyOf) -> None:
+               warnings: List[str], body_of: BodyOf, content_of: Optional[ContentOf] = None) -> None:
     """The step's entries into ``store``, cell by cell, then linked; duplicates and bad names become problems."""
     seconds = SecondCaptures()
     for cell in store.cells():
-        entries = _grouped_entries(manifest, store.captures_of(cell), problems, shape_of, warnings)
+        entries = _grouped_entries(manifest, store.captures_of(cell), problems, shape_of, warnings, content_of)
         written = _usable_entries(manifest, entries, problems, seconds)
         warnings.extend(implausible_calls(written))
         store.add(entries, written, body_of)
@@ -109,9 +109,9 @@ def build_step(manifest: Manifest, store: EntryStore, shape_of: ShapeOf, problem
 
 
 def _grouped_entries(manifest: Manifest, captures: List[Capture], problems: List[str], shape_of: ShapeOf,
-                     warnings: List[str]) -> List[Entry]:
+                     warnings: List[str], content_of: Optional[ContentOf] = None) -> List[Entry]:
     """Entries in execution order, calls numbered, parents not yet linked."""
-    captures = merge_consumer_parts(captures, shape_of, problems, warnings)
+    captures = merge_consumer_parts(captures, shape_of, problems, warnings, content_of)
     assign_calls(captures, shape_of, manifest.micro_batches)
     return group_entries(captures, manifest.cells, problems)
 

@@ -15,6 +15,7 @@ step with a problem that says what and where; the other steps go on.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
 from mf_celldump.processing.capture_index import CaptureIndex, RecordsIndexer
+from mf_celldump.processing.consumer_parts import ContentOf
 from mf_celldump.processing.entries import Entry, ShapeOf
 from mf_celldump.processing.entry_build import BodyOf, EntryStore, HeldStore, build_step
 from mf_celldump.processing.errors import NpyReadError
@@ -126,6 +128,30 @@ def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tupl
     return shape_of
 
 
+_DIGEST_CHUNK = 1 << 20
+
+
+def _content_reader(ctx: RankContext, raw_dir: Optional[str],
+                    our_links: Dict[Tuple[int, int], int]) -> ContentOf:
+    """What a capture holds, to tell a parallel-care consumer's copy of one region from another's
+    (processing/consumer_parts.py): a digest of its file (header and data: copies of one shape and
+    dtype have the same header), or its statistics; None when the file cannot be read."""
+    def content_of(capture: Capture) -> Optional[object]:
+        if capture.file is None or raw_dir is None:
+            return None if capture.stats is None else tuple(sorted((k, str(v)) for k, v in capture.stats.items()))
+        digest = hashlib.sha256()
+        path = os.path.join(raw_dir, capture.file)
+        try:
+            with fsutil.open_own_file(path, ctx.root_real, our_links) as handle:
+                for chunk in iter(lambda: handle.read(_DIGEST_CHUNK), b""):
+                    digest.update(chunk)
+        except (OSError, fsutil.UnsafePathError):
+            return None
+        return digest.hexdigest()
+
+    return content_of
+
+
 def _read_files(ctx: RankContext, source: StepSource, entries: List[Entry], data_dir: Optional[str],
                 runner: FileRunner, observer: ProcessingObserver, outcome: StepOutcome,
                 our_links: Dict[Tuple[int, int], int]) -> Dict[int, int]:
@@ -207,7 +233,7 @@ def _step_store(ctx: RankContext, source: StepSource, inputs: _Inputs, outcome: 
     """The step's entries, built and linked in the records' index when there is one, else in memory."""
     store: EntryStore = inputs.index if inputs.index is not None else HeldStore(inputs.captures)
     build_step(ctx.manifest, store, _shape_reader(ctx, source.raw_dir, our_links), outcome.problems,
-               outcome.warnings, body_of)
+               outcome.warnings, body_of, _content_reader(ctx, source.raw_dir, our_links))
     outcome.records = store.values()
     return store
 

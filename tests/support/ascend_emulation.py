@@ -41,9 +41,12 @@ later files from the search index):
   EV    the source of mindspore/ccsrc/include/utils/env_vars.h (GetDumpSliceSize, GetDumpWaitTime)
   AAD   mindspore/ccsrc/backend/common/pass/other/add_attr_to_dump.cc (AddAttrToDump::Process)
 
-Limits (see docs/capture.md and docs/ascend-emulation.md): the redistribution itself does
-not exist on one CPU, so the parallel pass's per-consumer dumps are reproduced for the
-consumers a test declares (``RedistributedValue``); TensorDump in control flow is refused
+Limits (see docs/capture.md and docs/ascend-emulation.md): neither the redistribution nor a
+forward AllReduce exists on one CPU, so the parallel pass's per-consumer dumps (PTD at
+v2.9.0: copies for every parallel-care consumer, on its input after any Cast; users outside
+them lose their gradient hook) are reproduced for the consumers a test declares
+(``RedistributedValue``), and its re-pointing of ``'out'`` dumps to the partial sum before a
+forward AllReduce for the op a test declares (``ForwardCommunication``); TensorDump in control flow is refused
 by counting dumps against the compiled top graph (``ControlFlowCheck``); the number format of
 statistic values and whether an input-slot-0 row exists are not settled from source
 (here: ``repr`` of a float32, no slot-0 row); sink mode with sink_size > 1 is not
@@ -454,6 +457,10 @@ class AscendEmulator:
         launch = self._launches[int(np.asarray(code))]
         if any(value.deletes(launch) for value in getattr(self, "redistributed", ())):
             return x  # PTD HandleDumpAfterRedistributionNode replaced this node by its input
+        comm = next((c for c in getattr(self, "forward_comms", ()) if c.repoints(launch)), None)
+        if comm is not None and comm.partial is not None:
+            self._launch(launch, comm.partial)  # PTD MakeOutModeDumpBeforeFwdComm: input 2 is the partial sum
+            return x
         return self._launch(launch, x)
 
     def _launch(self, launch: _Launch, x):
@@ -760,23 +767,42 @@ def _graph_executor_class():
 # the parallel pass's per-consumer dumps
 # ---------------------------------------------------------------------------------------------------
 class RedistributedValue:
-    """A probed value whose consumers each need a redistribution, and what MindSpore's parallel pass does to
-    its dumps (PTD ``HandleDumpAfterRedistributionNode``): the value's ``'in'`` TensorDump and ``'out'``
-    DumpGradient are deleted (``Replace(dump_node, parent)``); for each consumer a clone of each is put
-    between the consumer and its redistribution (``MakeOutModeDumpBwdHookAfterRedistribution``,
-    ``InsertNewTensorDump``: same file input, the consumer's scope, ``side_effect_hidden``), so the
-    forward dump holds the value as that consumer takes it and the gradient dump the gradient coming
-    back from that consumer, in its layout.
+    """A probed value and its consumers, and what MindSpore's parallel pass does to its dumps (PTD, v2.9.0).
 
-    The redistribution itself does not exist on one CPU. The test's network calls ``consumer(i)`` on
-    the probed value where consumer i takes it: layout ``"same"`` passes it on, ``"half"`` keeps the
-    first half of its last axis (this rank's shard of a split layout; its backward pads with zeros, as a
-    redistribution's backward returns the gradient to the producer's layout). Which dumps the pass finds
-    is decided from the graph by MindSpore; here the test names the probe (``bind``, after attach: the
-    stems of its forward and gradient files, tests/support/formats.raw_stem).
+    ``ParallelProcessor::StepRedistribution`` (SP's parallel processor) hands every parallel-care consumer
+    of the value (``RedistributionNextNode``) to ``RedistributionParallelTensorDumpHandler``, whether or not
+    ``Redistribution`` inserted an operator for it (it only logs "No Redistribution Operators Insert").
+    ``HandleDumpAfterRedistributionNode`` walks back from each consumer's input through the redistribution
+    ops, then Depend, InsertGradientOf, Cast, Reshape and DumpGradient (``CollectNodePathBetween``), takes the
+    ``'in'`` TensorDumps hanging off that path and its ``'out'`` DumpGradients, and for each consumer puts a
+    clone of each on the consumer's input (``MakeOutModeDumpBwdHookAfterRedistribution``,
+    ``InsertNewTensorDump``: same file input, the consumer's scope, ``side_effect_hidden``), attached to
+    ``last_insert_redistribution_op`` = the consumer's input itself. Then it deletes the originals everywhere
+    (``fg_manager->Replace(dump, parent)``, ``Replace(hook, prenode)``). Hence:
+
+    * every consumer gets a copy, also one in the producer's layout (layout ``"same"``: no redistribution);
+    * a copy holds the value as the consumer takes it, after any Cast on the path (a capture's cast back
+      from its float32 copy): its dtype is the consumer's input dtype, whatever the file name says;
+    * a user outside the handler's consumers (layout ``"outside"``, e.g. the graph's return) gets no copy,
+      and the original ``'out'`` hook is gone for it too: its gradient contribution is dumped nowhere;
+    * copies of one shard shape may cover different regions (layouts ``"half"`` and ``"upper"``: the
+      lower and upper half of the last axis); nothing in the files tells them apart.
+
+    The redistribution itself does not exist on one CPU. The test's network calls ``consumer(i)`` on the
+    probed value where consumer i takes it (``"half"``/``"upper"`` keep half of its last axis, this rank's
+    shard of a split layout; their backward pads with zeros, as a redistribution's backward returns the
+    gradient to the producer's layout). Which dumps the walk finds is decided by MindSpore from the graph;
+    here the test names the probe (``bind``, after attach: the stems of its forward and gradient files,
+    tests/support/formats.raw_stem), and only a forward ``'in'`` dump and an ``'out'`` gradient hook of those
+    stems are taken (the modes the pass moves).
     """
 
+    LAYOUTS = ("same", "half", "upper", "outside")
+
     def __init__(self, emulator: AscendEmulator, layouts: Sequence[str]):
+        unknown = [layout for layout in layouts if layout not in self.LAYOUTS]
+        if unknown:
+            raise ValueError(f"unknown consumer layouts {unknown}; known: {self.LAYOUTS}")
         self.emulator, self.layouts = emulator, tuple(layouts)
         self.stems: Optional[tuple] = None
         self._clones: Dict[tuple, _Launch] = {}
@@ -800,31 +826,44 @@ class RedistributedValue:
 
     def consumer(self, index: int) -> Callable:
         """Graph-parsable ``redistribute(x)`` for consumer ``index``: its layout, then the pass's new dumps."""
+        layout = self.layouts[index]
+        if layout == "outside":
+            def untouched(x):  # not a parallel-care consumer: no copy, and its gradient passes undumped
+                return x
+            return untouched
         value, code = self, index
 
-        def forward_body(x, unused):
-            value._dump(code, 0, x)
+        def forward_body(x, low):
+            value._dump(code, 0, x, low)
             return x
 
-        def backward_body(dout, unused):
-            value._dump(code, 1, dout)
+        def backward_body(dout, low):
+            value._dump(code, 1, dout, low)
             return dout
 
         record_gradient = _host_op(backward_body)
 
-        def bprop(x, unused, out, dout):
-            return record_gradient(dout, unused), ops.zeros_like(unused)
+        def bprop(x, low, out, dout):
+            return record_gradient(dout, low), ops.zeros_like(low)
 
-        hook, int32 = _host_op(forward_body, bprop=bprop), ms.int32
-        if self.layouts[index] == "half":
-            def redistribute(x):
-                return hook(x[:, :x.shape[1] // 2], Tensor(0, int32))
-        else:
-            def redistribute(x):
-                return hook(x, Tensor(0, int32))
+        hook, int32, cast, is_bf16 = _host_op(forward_body, bprop=bprop), ms.int32, ops.cast, _is_bf16_helper()
+        width = {"half": (0, 2), "upper": (1, 2)}.get(layout)
+
+        def take(x):
+            if width is None:
+                return x
+            size = x.shape[-1] // width[1]
+            return x[..., width[0] * size:(width[0] + 1) * size]
+
+        def redistribute(x):
+            x = take(x)
+            if is_bf16(x.dtype):  # a pyfunc takes no bfloat16: the host op sees a float32 copy
+                return cast(hook(cast(x, ms.float32), Tensor(1, int32)), ms.bfloat16)
+            return hook(x, Tensor(0, int32))
+
         return redistribute
 
-    def _dump(self, consumer: int, direction: int, x) -> None:
+    def _dump(self, consumer: int, direction: int, x, low) -> None:
         originals = [launch for launch in self.emulator._launches if self._matches(launch, direction)]
         if not originals:
             return  # nothing dumped this value in that direction
@@ -835,8 +874,66 @@ class RedistributedValue:
             scope = f"Default/consumer{consumer}/TensorDump-op{len(self.emulator._launches)}"
             if direction:
                 scope = "Gradients/" + scope
-            clone = self._clones[(consumer, direction)] = _Launch(original.name, original.dtype, attrs, scope)
+            # InsertNewTensorDump: the clone's input is the consumer's input, so its dtype is the consumer's
+            # (BFloat16 after a capture's cast back), whatever dtype the original was registered with.
+            dtype = "BFloat16" if int(np.asarray(low)) else original.dtype
+            clone = self._clones[(consumer, direction)] = _Launch(original.name, dtype, attrs, scope)
         self.emulator._launch(clone, x)
+
+
+class ForwardCommunication:
+    """An op whose output MindSpore completes with a forward AllReduce (e.g. a row-parallel MatMul), and
+    what the parallel pass does to an ``'out'`` TensorDump of that output (PTD, v2.9.0).
+
+    SP ``InserForwardCommunicationForSingleOutput`` builds a ``FwdCommunicationParallelTensorDumpHandler``,
+    whose ``CollectDumpNodes`` -> ``CollectDumpNodesRecursively`` gathers the TensorDumps among the op's
+    users and, recursively, the users of Depend, InsertGradientOf, DumpGradient and Reshape (NOT Cast);
+    after the communication replaces the op, ``MakeOutModeDumpBeforeFwdComm`` sets input 2 of every
+    ``'out'`` one of them back to the op's own output: the value before the AllReduce, this rank's
+    partial sum. A dump behind a Cast (a capture's float32 copy of a bfloat16 value) is not reached and
+    keeps the reduced value.
+
+    On one CPU there is no other rank: ``allreduce`` stands in for the sum over ``ranks`` ranks holding the
+    same partial (the output is ``ranks`` times it). The test names the dump (``bind``: its forward stem);
+    whether the walk reaches it is decided here from the stem: a widened stem (``-w{dtype}``, the only
+    Cast a capture puts between a value and its dump) is not reached, any other is.
+    """
+
+    def __init__(self, emulator: AscendEmulator, ranks: int = 2):
+        self.emulator, self.ranks = emulator, ranks
+        self.stem: Optional[str] = None
+        self.partial: Optional[np.ndarray] = None
+        emulator.forward_comms = list(getattr(emulator, "forward_comms", [])) + [self]
+
+    def bind(self, forward_stem: str) -> None:
+        self.stem = forward_stem.replace("-", ".")
+
+    def allreduce(self) -> Callable:
+        comm, ranks = self, self.ranks
+
+        def body(x, unused):
+            comm.partial = np.array(x, copy=True)
+            return x * ranks
+
+        def bprop(x, unused, out, dout):  # the sum's gradient w.r.t. this rank's partial
+            return dout, ops.zeros_like(unused)
+
+        op, int32 = ops.Custom(body, out_shape=_same_shape, out_dtype=_same_dtype, func_type="pyfunc",
+                               bprop=bprop), ms.int32
+        cast, is_bf16 = ops.cast, _is_bf16_helper()
+
+        def allreduce(x):
+            if is_bf16(x.dtype):  # a pyfunc takes no bfloat16 (exact: the sum of equal bfloat16 partials)
+                return cast(op(cast(x, ms.float32), Tensor(0, int32)), ms.bfloat16)
+            return op(x, Tensor(0, int32))
+
+        return allreduce
+
+    def repoints(self, launch: _Launch) -> bool:
+        if self.stem is None or launch.attrs.get("input_output") != "out" or launch.scope.startswith("Gradients/"):
+            return False
+        name = os.path.basename(launch.name).replace("-", ".")
+        return name == self.stem
 
 
 # ---------------------------------------------------------------------------------------------------

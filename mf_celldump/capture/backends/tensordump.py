@@ -54,8 +54,9 @@ from mf_celldump.capture.backends.tensordump_process import (
     foreign_users,
 )
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
-from mf_celldump.capture.micro_batches import ParallelSettings
+from mf_celldump.capture.micro_batches import SEMI_AUTO_MODES, ParallelSettings
 from mf_celldump.dtypes import numpy_dtype_name
+from mf_celldump.errors import BackendSetupError
 from mf_celldump.rawformat.keys import (
     BACKWARD,
     CODE_SLOTS,
@@ -114,6 +115,11 @@ class TensorDumpBackend(CaptureBackend):
 
     def parallel_settings(self) -> ParallelSettings:
         return ParallelSettings.read(self.primitives.auto_parallel_context)
+
+    def under_parallel_pass(self) -> bool:
+        """Whether MindSpore's parallel pass rewrites the graph's dumps: (semi-)auto parallel only
+        (step_parallel.cc StepParallel returns early otherwise)."""
+        return self.parallel_settings().parallel_mode in SEMI_AUTO_MODES
 
     def manifest_fields(self) -> dict:
         if not self.graph_mode:
@@ -362,6 +368,8 @@ class TensorDumpGraph(GraphFace):
         graph_path = _make_graph_path()
         has_gradient, gradient_path = _make_gradient_numbering()
         widened, float32, cast = _make_widening(self.backend.widens_low_precision), ms.float32, ops.cast
+        parallel = self.backend.under_parallel_pass()
+        refuse_widened = _make_parallel_widening_refusal(forward_enabled and parallel, self.backend.name)
 
         def dumped(value, head, path, use_in, wide):  # TensorDump file order gives the call
             if backward_enabled and has_gradient(head):
@@ -383,7 +391,13 @@ class TensorDumpGraph(GraphFace):
             if isinstance(value, Tensor):
                 wide = widened(value.dtype)
                 if wide:  # a float32 copy goes through the dumps; its gradient comes back the same way
-                    return cast(dumped(cast(value, float32), head, path, use_in, wide), value.dtype)
+                    refuse_widened(wide, head, use_in)
+                    # Under the parallel pass an 'in' probe of the copy is taken on the producer side ('out' dump,
+                    # 'in' hook: no handler moves them across the copy's Cast): PTD InsertNewTensorDump and
+                    # MakeOutModeDumpBwdHookAfterRedistribution would put the per-consumer clones after the
+                    # cast back, on the low-precision value under a float32 name.
+                    return cast(dumped(cast(value, float32), head, path, use_in and not parallel, wide),
+                                value.dtype)
                 return dumped(value, head, path, use_in, wide)
             return value
 
@@ -479,6 +493,34 @@ def _make_graph_path():
         return prefix + raw_stem(key, sep, widened_from or None)
 
     return graph_path
+
+
+def _make_parallel_widening_refusal(enabled: bool, backend: str):
+    """``refuse(wide, head, use_in)``: compile time; raises for an ``'out'`` probe of a bfloat16/float16 value
+    dumped forward as a float32 copy under MindSpore's parallel pass (PTD, MindSpore 2.9):
+    ``MakeOutModeDumpBeforeFwdComm`` re-points an ``'out'`` TensorDump reached from an op's output through
+    Depend, DumpGradient or Reshape (``CollectDumpNodesRecursively``; not through Cast) to the value before
+    the op's forward AllReduce/ReduceScatter. Behind the copy's Cast the dump keeps the reduced value, where
+    a float32 probe of the same kind of cell, and the tensor task, record this rank's partial sum: the two
+    would disagree, and nothing in the files says which a dump holds. (An ``'in'`` probe of a copy is
+    taken on the producer side instead, where it holds the reduced value as the consumers' copies of a
+    float32 value do.) The dtype is known only when the graph is compiled, before any kernel of it runs."""
+
+    @constexpr
+    def refuse(wide, head, use_in):
+        if enabled and wide and not use_in:
+            raise BackendSetupError(
+                f"cell id {head[0]}: an 'out' probe of a {wide} value would be dumped forward as a float32 copy "
+                "under (semi-)auto parallel, where MindSpore's parallel pass points 'out' dumps of an op's output "
+                "at the value before its forward AllReduce/ReduceScatter (parallel_tensordump.cc "
+                "MakeOutModeDumpBeforeFwdComm) but cannot reach one behind the copy's Cast: it would record the "
+                f"reduced value where float32 values and the tensor task record this rank's partial sum. The "
+                f"{backend} backend cannot record it consistently: use task: tensor (processing computes the "
+                "statistics from the files in float64), 'in' for this value in the layer mapping, or "
+                "data_mode: backward")
+        return 0
+
+    return refuse
 
 
 def _make_widening(enabled: bool):
