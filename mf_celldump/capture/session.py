@@ -108,6 +108,21 @@ def detect_rank() -> tuple:
     return 0, False
 
 
+def late_selection_problem(backend: str, graph_mode: bool) -> Optional[str]:
+    """Why ``backend`` cannot capture a step chosen while training runs (``steps: "anomaly"``), or None.
+
+    Graph-mode TensorDump has MindSpore filter the steps it writes from a list set before training
+    (``TensorDumpBackend.steps_fixed_at_attach``); the kernel-by-kernel statistics dump reads its
+    ``iteration`` list from ``MINDSPORE_DUMP_CONFIG`` once. The host backend and PyNative select in Python.
+    """
+    if backend == "kbk_statistics" or (backend == "tensordump" and graph_mode):
+        return (f"steps: 'anomaly': the {backend} backend in graph mode has MindSpore select the captured steps "
+                "from a list given before training, so a step chosen by a watch rule while training runs cannot be "
+                "captured; use backend: host (captures in graph mode on any device), PyNative mode, or name the "
+                "steps to capture")
+    return None
+
+
 def find_attached(network) -> Optional[CellDump]:
     """The dump attached to ``network`` (or to the model inside its wrappers), if any."""
     for candidate in (network, unwrap(network)):
@@ -164,7 +179,7 @@ class CellDump:
         self._primitives = primitives  # AscendPrimitives given to attach(), else None
         self.micro_batches: Optional[MicroBatches] = None  # where backward captures are paired by order
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
-        self.steps_remain = bool(config.steps.from_value(initial_step, 1))
+        self.steps_remain = bool(config.steps.from_value(initial_step, 1)) or config.steps.on_anomaly
 
     # -- attach / detach -----------------------------------------------------------------
     def attach(self) -> None:
@@ -185,6 +200,9 @@ class CellDump:
             return
         choice = choose_backend(self.config, self.device, graph_mode)
         logger.info("capture backend: %s (%s)", choice.name, choice.reason)
+        if self.config.steps.on_anomaly and late_selection_problem(choice.name, graph_mode):
+            self.detach()
+            raise AttachError(late_selection_problem(choice.name, graph_mode))
         self.cells = select_cells(self.model, self.config)
         for text in selection_warnings(self.model, self.config, self.cells):
             logger.warning("%s", text)

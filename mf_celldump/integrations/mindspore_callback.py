@@ -15,6 +15,7 @@ from typing import Any, Optional
 from mf_celldump.capture.selection import unwrap
 from mf_celldump.capture.wrappers import WrapperError
 from mf_celldump.integrations.run import TrainingRun
+from mf_celldump.integrations.watching import signals_from_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -111,5 +112,9 @@ class MindSporeAdapter:
         run.begin_step(first + self.step_offset)
 
     def on_train_step_end(self, run: TrainingRun, run_context) -> None:
-        self.last_step_num = int(param(run_context.original_args(), "cur_step_num", 0))
-        run.end_step()
+        params = run_context.original_args()
+        self.last_step_num = int(param(params, "cur_step_num", 0))
+        # The watch reads what the step returned (loss, overflow flag, loss scale, global norm): no new op.
+        run.end_step(signals_from_outputs(param(params, "net_outputs")) if run.watching is not None else None)
+        if run.stop_requested:
+            run_context.request_stop()  # Model.train ends after this step, then on_train_end runs as usual
