@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from mf_celldump.capture.selection import unwrap
 from mf_celldump.capture.wrappers import WrapperError
+from mf_celldump.integrations.rerun import StepRerun, StepSnapshot
 from mf_celldump.integrations.run import TrainingRun
 from mf_celldump.integrations.watching import signals_from_outputs
 
@@ -77,6 +78,7 @@ class MindSporeAdapter:
         self.step_offset = 0
         self.last_step_num: Optional[int] = None
         self.warned_multi_step = False
+        self.snapshot: Optional[StepSnapshot] = None  # the running step's start, while the watch may rerun it
 
     def on_train_begin(self, run: TrainingRun, run_context) -> None:
         params = run_context.original_args()
@@ -110,11 +112,22 @@ class MindSporeAdapter:
                 "for one folder per step.", current - first, first + self.step_offset,
             )
         run.begin_step(first + self.step_offset)
+        self.snapshot = None
+        if run.watching is not None and run.watching.wants_snapshot and run.dump is not None \
+                and not run.dump.distributed:
+            self.snapshot = StepSnapshot.take(param(run_context.original_args(), "train_network"))
 
     def on_train_step_end(self, run: TrainingRun, run_context) -> None:
         params = run_context.original_args()
         self.last_step_num = int(param(params, "cur_step_num", 0))
         # The watch reads what the step returned (loss, overflow flag, loss scale, global norm): no new op.
-        run.end_step(signals_from_outputs(param(params, "net_outputs")) if run.watching is not None else None)
+        signals, rerun = None, None
+        if run.watching is not None:
+            signals = signals_from_outputs(param(params, "net_outputs"))
+            batch = param(params, "train_dataset_element")  # None in dataset sink mode: no rerun there
+            if self.snapshot is not None and batch is not None:
+                rerun = StepRerun(param(params, "train_network"), tuple(batch), self.snapshot)
+        self.snapshot = None
+        run.end_step(signals, rerun)
         if run.stop_requested:
             run_context.request_stop()  # Model.train ends after this step, then on_train_end runs as usual

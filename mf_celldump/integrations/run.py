@@ -142,13 +142,15 @@ class TrainingRun:
                 self.watching.before_step(self.dump, step)  # a rule fired at the step before: capture this one
             self._ended(self.dump.begin_step(step))
 
-    def end_step(self, signals=None) -> None:
-        """The running step ended; ``signals`` (``watch.StepSignals``): what it computed, for the watch."""
+    def end_step(self, signals=None, rerun=None) -> None:
+        """The running step ended; ``signals`` (``watch.StepSignals``): what it computed, for the watch;
+        ``rerun`` (``rerun.StepRerun``): how to run it again, should a rule fire where its update was skipped."""
         if self.dump is not None and not self.finished:
             ended = self.dump.end_step()
             self._ended(ended)
             if self.watching is not None and signals is not None:
-                self.watching.after_step(None if ended is None else ended.step, signals)
+                self.watching.after_step(self.dump, None if ended is None else ended.step, signals, rerun,
+                                         self._ended)
 
     @property
     def stop_requested(self) -> bool:

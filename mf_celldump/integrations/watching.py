@@ -11,8 +11,10 @@ the next step that begins a captured one: ``before_step`` selects it in the atta
 ``watch.stop`` it asks the trainer to stop: after the captured step when one is pending, else
 after the firing step; the trainer then ends training normally, so processing and the summary run.
 
-A step whose update the wrapper skipped is not rerun: the step after it is captured, and the log
-says so (docs/watch.md, "Limits").
+A step whose update the loss-scale wrapper skipped (its overflow flag set) is run again at once, with
+capture on, on the same batch and weights (``integrations.rerun``); the log and the summary say
+whether the fault came back (persistent) or not (transient). Otherwise the next step is captured,
+and the log says which was done and why (docs/watch.md).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
 from mf_celldump.watch import Firing, StepSignals, Watch
@@ -98,6 +100,7 @@ class StepWatch:
     _bytes_at_last_capture: Optional[int] = None
     _last_capture_bytes: int = 0
     _said_no_capture_left: bool = False
+    reruns: Dict[int, str] = field(default_factory=dict)  # rerun step -> "transient" or "persistent"
 
     def __post_init__(self):
         self.watch = Watch(self.config.watch)
@@ -130,8 +133,16 @@ class StepWatch:
                    f"(the firing step itself is not rerun); capture {len(self.captured)} of "
                    f"{self.config.anomaly_captures}")
 
-    def after_step(self, step: Optional[int], signals: StepSignals) -> List[Firing]:
-        """Check the rules on the step that just ended; a firing may schedule a capture or a stop."""
+    @property
+    def wants_snapshot(self) -> bool:
+        """True while a firing could still rerun its step: the adapter then keeps what a rerun needs from each
+        step's start (``rerun.StepSnapshot``: a copy of the loss scale and the random state)."""
+        return self.captures_on_trigger and self.pending is None and self._captures_left()
+
+    def after_step(self, dump, step: Optional[int], signals: StepSignals, rerun=None,
+                   on_ended: Optional[Callable[[Any], None]] = None) -> List[Firing]:
+        """Check the rules on the step that just ended; a firing reruns it (``rerun``, a ``rerun.StepRerun``,
+        where the wrapper skipped its update), or schedules the next step's capture, or a stop."""
         if self._stop_after is not None and step is not None and step >= self._stop_after:
             self.stop_requested = True
         if step is None:
@@ -140,18 +151,63 @@ class StepWatch:
         if not fired:
             return fired
         if self.captures_on_trigger and self.pending is None:
-            if self._captures_left():
+            if not self._captures_left():
+                if not self._said_no_capture_left:
+                    self._said_no_capture_left = True
+                    self._note(f"rule {fired[0].rule} fired at step {step}: not captured, anomaly_captures="
+                               f"{self.config.anomaly_captures} captures are done (later firings are only logged)")
+            elif signals.overflow and self._rerun_possible(dump, rerun):
+                self._rerun(dump, fired[0], rerun, on_ended or (lambda ended: None))
+            else:
                 self.pending = fired[0]
-            elif not self._said_no_capture_left:
-                self._said_no_capture_left = True
-                self._note(f"rule {fired[0].rule} fired at step {step}: not captured, anomaly_captures="
-                           f"{self.config.anomaly_captures} captures are done (later firings are only logged)")
         if self.config.watch.stop and self.pending is None and self._stop_after is None:
             self.stop_requested = True
         if self.config.watch.stop:
             logger.warning("mf_celldump watch: stop is set: training is asked to stop after step %d",
                            step if self.pending is None else step + 1)
         return fired
+
+    def _rerun_possible(self, dump, rerun) -> bool:
+        """Whether the step whose update was skipped can run again here; if not, the log says why."""
+        why = None
+        if dump is None or dump.backend is None:
+            return False  # nothing is captured on this rank: before_step says so
+        if dump.distributed:
+            why = ("a distributed run: every rank would have to rerun together (not implemented), so the next "
+                   "step is captured")
+        elif rerun is None:
+            why = ("the trainer gave no batch or loss scale to rerun with (dataset sink mode, or a wrapper without "
+                   "scale_sense), so the next step is captured")
+        if why:
+            self._note(f"the update of this step was skipped (overflow) but it is not rerun: {why}")
+        return why is None
+
+    def _rerun(self, dump, firing: Firing, rerun, on_ended: Callable[[Any], None]) -> None:
+        """Run ``firing.step`` again, captured, on the same batch and weights; say whether the fault came back."""
+        step = firing.step
+        refusal = self._bytes_refusal(dump.dump_path)
+        if refusal:
+            self._note(f"rule {firing.rule} fired at step {step}: its rerun is not captured: {refusal}")
+            return
+        dump.select_step(step)
+        on_ended(dump.begin_step(step))
+        try:
+            result = rerun.run()
+        except Exception as err:  # the rerun is ours: training must go on, with the next step captured instead
+            dump.abort_step()
+            self._note(f"rule {firing.rule} fired at step {step}: its rerun failed ({type(err).__name__}: {err}); "
+                       "capturing the next step instead")
+            self.pending = firing
+            return
+        on_ended(dump.end_step())
+        self.captured.append(step)
+        self.reruns[step] = result.verdict
+        came = "came back: persistent" if not result.finite else "did not come back: transient"
+        exact = "" if result.exact else f"; the rerun is not exact: {result.inexact_reason}"
+        self._note(f"rule {firing.rule} fired at step {step}, whose update the training wrapper skipped (overflow): "
+                   f"step {step} rerun on the same batch and weights with capture on (loss scale and random state "
+                   f"of the step's start; no update); the fault {came} (rerun loss {result.loss:.6g}){exact}; "
+                   f"capture {len(self.captured)} of {self.config.anomaly_captures}")
 
     def _captures_left(self) -> bool:
         return len(self.captured) < self.config.anomaly_captures

@@ -7,9 +7,10 @@ argv: MODE (graph | pynative) SCENARIO DUMP_PATH TASK [FAULT_STEP]. The network 
 
 * ``nan``: the fault from FAULT_STEP on, under MindSpore's ``TrainOneStepWithLossScaleCell``
   (``CpuLossScaleCell``), which skips the update when its gradients overflow: the weights stay finite;
-* ``transient``: the fault at FAULT_STEP only;
+* ``transient``: the fault in the first execution of FAULT_STEP only (gone when the watch reruns it);
 * ``spike``: no fault; the targets of FAULT_STEP are 1000 times larger (a loss spike);
 * ``clean``: no fault;
+* ``plain-transient``: ``transient`` without the callback (the losses training gives untouched);
 * ``stop``: as ``nan`` with ``watch: {stop: true}``.
 
 Prints ``RESULT {json}``: the summary, the steps trained, each step's loss.
@@ -79,12 +80,12 @@ class GateFlip(Callback):
         self.losses = []
 
     def on_train_step_begin(self, run_context):
-        step = run_context.original_args().cur_step_num - 1
-        if step == self.step or (self.transient and step == self.step + 1):
-            value = -1.0 if step == self.step else 1.0
-            self.gate.set_data(Tensor(np.full(1, value, np.float32)))
+        if run_context.original_args().cur_step_num - 1 == self.step:
+            self.gate.set_data(Tensor(np.full(1, -1.0, np.float32)))
 
     def on_train_step_end(self, run_context):
+        if self.transient and run_context.original_args().cur_step_num - 1 == self.step:
+            self.gate.set_data(Tensor(np.ones(1, np.float32)))  # before the watch's callback: gone for a rerun
         outputs = run_context.original_args().net_outputs
         loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
         self.losses.append(float(loss.asnumpy()))
@@ -116,9 +117,14 @@ def main():
     if mode == "graph":
         keys["backend"] = "host"
     cb = CellDumpCallback(**keys)
-    faults = scenario in ("nan", "transient", "stop")
-    flip = GateFlip(net.faulty.gate, fault_step if faults else -1, scenario == "transient")
+    faults = scenario in ("nan", "transient", "stop", "plain-transient")
+    flip = GateFlip(net.faulty.gate, fault_step if faults else -1, scenario.endswith("transient"))
     data = dataset(fault_step if scenario == "spike" else -1)
+    if scenario.startswith("plain"):
+        cb.close()
+        Model(train).train(1, data, callbacks=[flip], dataset_sink_mode=False)
+        print("RESULT " + json.dumps({"losses": flip.losses}))
+        return
     Model(train).train(1, data, callbacks=[flip, cb], dataset_sink_mode=False)
     s = cb.summary
     print("RESULT " + json.dumps({"processed": sorted(s.processed_steps), "captured": s.captured_steps,
