@@ -100,6 +100,7 @@ class StepWatch:
     _bytes_at_last_capture: Optional[int] = None
     _last_capture_bytes: int = 0
     _said_no_capture_left: bool = False
+    _not_rerun: str = ""  # why the pending firing's step is not rerun
     reruns: Dict[int, str] = field(default_factory=dict)  # rerun step -> "transient" or "persistent"
 
     def __post_init__(self):
@@ -130,8 +131,7 @@ class StepWatch:
         dump.select_step(step)
         self.captured.append(step)
         self._note(f"rule {firing.rule} fired at step {firing.step}: capturing step {step}, the step after it "
-                   f"(the firing step itself is not rerun); capture {len(self.captured)} of "
-                   f"{self.config.anomaly_captures}")
+                   f"({self._not_rerun}); capture {len(self.captured)} of {self.config.anomaly_captures}")
 
     @property
     def wants_snapshot(self) -> bool:
@@ -160,6 +160,9 @@ class StepWatch:
                 self._rerun(dump, fired[0], rerun, on_ended or (lambda ended: None))
             else:
                 self.pending = fired[0]
+                why = ("its update was skipped, but a rerun is not possible here" if signals.overflow
+                       else "its update was applied, so its weights are gone")
+                self._not_rerun = f"step {step} is not rerun: {why}"
         if self.config.watch.stop and self.pending is None and self._stop_after is None:
             self.stop_requested = True
         if self.config.watch.stop:
@@ -198,6 +201,7 @@ class StepWatch:
             self._note(f"rule {firing.rule} fired at step {step}: its rerun failed ({type(err).__name__}: {err}); "
                        "capturing the next step instead")
             self.pending = firing
+            self._not_rerun = f"step {step}'s rerun failed"
             return
         on_ended(dump.end_step())
         self.captured.append(step)

@@ -8,7 +8,7 @@ argv: MODE (graph | pynative) SCENARIO DUMP_PATH TASK [FAULT_STEP]. The network 
 * ``nan``: the fault from FAULT_STEP on, under MindSpore's ``TrainOneStepWithLossScaleCell``
   (``CpuLossScaleCell``), which skips the update when its gradients overflow: the weights stay finite;
 * ``transient``: the fault in the first execution of FAULT_STEP only (gone when the watch reruns it);
-* ``spike``: no fault; the targets of FAULT_STEP are 1000 times larger (a loss spike);
+* ``spike``: no fault; the targets of FAULT_STEP are 30 times larger (a loss spike);
 * ``clean``: no fault;
 * ``plain-transient``: ``transient`` without the callback (the losses training gives untouched);
 * ``stop``: as ``nan`` with ``watch: {stop: true}``.
@@ -26,7 +26,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.train import Callback, Model
 
-STEPS = 8
+STEPS = 10
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
@@ -96,7 +96,7 @@ def dataset(spike_step):
         rng = np.random.default_rng(0)
         for step in range(STEPS):
             x = rng.standard_normal((2, 4)).astype(np.float32)
-            y = rng.standard_normal((2, 2)).astype(np.float32) * (1000.0 if step == spike_step else 1.0)
+            y = rng.standard_normal((2, 2)).astype(np.float32) * (30.0 if step == spike_step else 1.0)
             yield x, y
     return ds.GeneratorDataset(gen, ["x", "y"], shuffle=False)
 
