@@ -23,7 +23,7 @@ from mindspore import Tensor
 from mf_celldump.analysis.anomalies import scan
 from mf_celldump.config import DumpConfig, IndexSelection
 from mf_celldump.errors import ConfigError
-from mf_celldump.integrations.watching import StepWatch, signals_from_outputs
+from mf_celldump.integrations.watching import StepWatch, signals_from_outputs, stopping_callbacks_before
 from mf_celldump.watch import MIN_HISTORY, StepSignals, Watch, WatchRules
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "watch_train.py")
@@ -214,3 +214,14 @@ def test_a_capture_that_would_pass_anomaly_max_bytes_is_refused_and_training_goe
         assert any("would pass anomaly_max_bytes=1000; training goes on" in n for n in watched.notes)
     finally:
         dump.detach()
+
+
+def test_a_mindformers_monitor_that_stops_training_before_the_watch_is_named():
+    from mindformers.core.callback.callback import TrainingStateMonitor
+
+    monitor = TrainingStateMonitor(origin_epochs=1, dataset_size=8, check_for_nan_in_loss_and_grad=True)
+    quiet = TrainingStateMonitor(origin_epochs=1, dataset_size=8)
+    owner = object()
+    assert stopping_callbacks_before([quiet, monitor, owner], owner) == [
+        "TrainingStateMonitor (check_for_nan_in_loss_and_grad)"]
+    assert stopping_callbacks_before([owner, monitor], owner) == []

@@ -16,7 +16,7 @@ from mf_celldump.capture.selection import unwrap
 from mf_celldump.capture.wrappers import WrapperError
 from mf_celldump.integrations.rerun import StepRerun, StepSnapshot
 from mf_celldump.integrations.run import TrainingRun
-from mf_celldump.integrations.watching import signals_from_outputs
+from mf_celldump.integrations.watching import signals_from_outputs, stopping_callbacks_before
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,11 @@ class MindSporeAdapter:
             logger.info("mf_celldump: attached before compile with first step %d; training starts at "
                         "global step %d", dump.initial_step, first_step)
         run.ensure_attached(network, initial_step=first_step, origin="on_train_begin")
+        earlier = stopping_callbacks_before(param(params, "list_callback"), self.owner) if run.watching else []
+        if earlier:
+            logger.warning("mf_celldump watch: %s come(s) before CellDumpCallback in the callbacks and stop(s) "
+                           "training in the step end of a NaN or a norm spike, before the watch sees that step: put "
+                           "the CellDumpCallback entry before them in callbacks:", "; ".join(earlier))
 
     def on_train_step_begin(self, run: TrainingRun, run_context) -> None:
         current = int(param(run_context.original_args(), "cur_step_num", 0))

@@ -86,6 +86,25 @@ def bytes_under(path: str) -> int:
     return total
 
 
+# Attributes of a callback that raises in its step end on what the watch fires on, so training stops there:
+# MindFormers' TrainingStateMonitor (check_for_global_norm raises RuntimeError("TREError"),
+# check_for_nan_in_loss_and_grad raises ValueError; mindformers/core/callback/callback.py, 1.9.0).
+_STOPPING_CHECKS = ("check_for_global_norm", "check_for_nan_in_loss_and_grad")
+
+
+def stopping_callbacks_before(callbacks, owner) -> List[str]:
+    """The callbacks before ``owner`` in ``callbacks`` that stop training on a NaN or a norm spike in their step
+    end: MindSpore calls step ends in list order, so the watch would never see the step they stop at."""
+    names = []
+    for callback in callbacks or ():
+        if callback is owner:
+            return names
+        checks = [name for name in _STOPPING_CHECKS if getattr(callback, name, False) is True]
+        if checks:
+            names.append(f"{type(callback).__name__} ({', '.join(checks)})")
+    return []  # owner not in the list: nothing to say
+
+
 @dataclass
 class StepWatch:
     """One rank's watch in a training run, and the captures it triggers (``steps: "anomaly"``)."""
