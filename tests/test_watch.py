@@ -48,6 +48,11 @@ def _step_folders(dump):
     return sorted(p.name for p in dump.iterdir() if p.name.startswith("step")) if dump.exists() else []
 
 
+def _watch_head(dump, step):
+    with open(dump / f"step{step}" / "rank" / "dump.json", encoding="utf-8") as handle:
+        return json.load(handle).get("mf_celldump_watch")
+
+
 def _first_anomaly(dump):
     found = scan(str(dump), IndexSelection(), IndexSelection(), None)["first"]
     return [(f.step, f.direction, f.cell) for f in found]
@@ -66,6 +71,8 @@ def test_a_step_whose_update_was_skipped_is_rerun_and_its_dump_names_the_faulty_
     assert any(f"step {FAULT_STEP} rerun on the same batch and weights" in n and "persistent" in n
                for n in result["notes"])
     assert _first_anomaly(dump) == [(FAULT_STEP, "forward", "net.faulty")]
+    assert _watch_head(dump, FAULT_STEP) == {"rule": "nan_inf_loss", "fired_at_step": FAULT_STEP,
+                                             "capture": "rerun", "fault": "persistent", "exact": True}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -75,6 +82,7 @@ def test_a_fault_in_the_first_execution_only_is_labelled_transient_and_training_
     assert any("did not come back: transient" in n for n in result["notes"])
     assert _step_folders(dump) == [f"step{FAULT_STEP}"]
     assert _first_anomaly(dump) == []  # the rerun ran without the fault
+    assert _watch_head(dump, FAULT_STEP)["fault"] == "transient"
     assert len(result["losses"]) == len(plain["losses"])
     for got, expected in zip(result["losses"], plain["losses"]):  # the rerun did not update anything
         assert got == expected or (math.isnan(got) and math.isnan(expected))
@@ -88,6 +96,8 @@ def test_a_loss_spike_fires_its_rule_and_the_next_step_is_captured(tmp_path, mod
     assert any(f"capturing step {SPIKE_STEP + 1}, the step after it" in n for n in result["notes"])
     assert _step_folders(dump) == [f"step{SPIKE_STEP + 1}"]
     assert result["processed"] == [SPIKE_STEP + 1] and result["problems"] == []
+    assert _watch_head(dump, SPIKE_STEP + 1) == {"rule": "loss_spike", "fired_at_step": SPIKE_STEP,
+                                                 "capture": "next_step"}
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -43,7 +43,7 @@ from mf_celldump.capture.wrappers import WrapperError, peel
 from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.errors import AttachError, StepError
 from mf_celldump.fsutil import writable_dir_problem
-from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY
+from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY, WATCH_KEY
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import MAX_STEP
@@ -180,6 +180,7 @@ class CellDump:
         self.micro_batches: Optional[MicroBatches] = None  # where backward captures are paired by order
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
         self.steps_remain = bool(config.steps.from_value(initial_step, 1)) or config.steps.on_anomaly
+        self.watch_records: Dict[int, dict] = {}  # step -> why the watch captured it (``record_watch``)
 
     # -- attach / detach -----------------------------------------------------------------
     def attach(self) -> None:
@@ -292,6 +293,8 @@ class CellDump:
         if layout is not None:
             details["parallel"] = layout
         point = self._parameters.gradient_point if self._parameters is not None else None
+        if self.watch_records:
+            details[WATCH_KEY] = {str(step): record for step, record in sorted(self.watch_records.items())}
         if point:  # the step's one gradient per parameter: summed over its micro-batches in both modes
             found = self.micro_batches or detect_micro_batches(peel(self.network).layers,
                                                                self.backend.parallel_settings())
@@ -356,6 +359,14 @@ class CellDump:
             raise AttachError(f"select_step({step}): the {self.backend.name} backend has MindSpore select its "
                               "steps from a list given at attach; name the step in steps, or use backend host")
         self._chosen.add(step)
+
+    def record_watch(self, step: int, record: dict) -> None:
+        """Say in the raw manifest (and so in the step's ``dump.json``) why the watch captured ``step``. Call it
+        before ``end_step(step)``: processing reads the manifest once the step is marked complete."""
+        if self.writer is None:
+            return
+        self.watch_records[step] = dict(record)
+        self.writer.write_manifest(self._manifest(self.graph_mode))
 
     @property
     def writes_later(self) -> bool:

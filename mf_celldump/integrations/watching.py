@@ -148,6 +148,7 @@ class StepWatch:
             self._note(f"rule {firing.rule} fired at step {firing.step}: step {step} not captured: {refusal}")
             return
         dump.select_step(step)
+        dump.record_watch(step, {"rule": firing.rule, "fired_at_step": firing.step, "capture": "next_step"})
         self.captured.append(step)
         self._note(f"rule {firing.rule} fired at step {firing.step}: capturing step {step}, the step after it "
                    f"({self._not_rerun}); capture {len(self.captured)} of {self.config.anomaly_captures}")
@@ -222,6 +223,9 @@ class StepWatch:
             self.pending = firing
             self._not_rerun = f"step {step}'s rerun failed"
             return
+        dump.record_watch(step, {"rule": firing.rule, "fired_at_step": step, "capture": "rerun",
+                                 "fault": result.verdict, "exact": result.exact,
+                                 **({} if result.exact else {"not_exact": result.inexact_reason})})
         on_ended(dump.end_step())
         self.captured.append(step)
         self.reruns[step] = result.verdict
