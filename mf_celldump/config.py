@@ -21,6 +21,7 @@ import yaml
 from mf_celldump.errors import ConfigError
 from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
 from mf_celldump.statistics import STATISTICS
+from mf_celldump.watch import WatchRules
 
 TASKS = ("tensor", "statistics")
 DATA_MODES = ("forward", "backward", "all")
@@ -74,6 +75,11 @@ class IndexSelection:
                 break
         return out
 
+    @property
+    def on_anomaly(self) -> bool:
+        """True for ``steps: "anomaly"``: no step is named, the watch chooses them (``AnomalySteps``)."""
+        return False
+
     def describe(self) -> str:
         if self.spans is None:
             return "all"
@@ -107,6 +113,22 @@ class IndexSelection:
         return cls(spans)
 
 
+@dataclass(frozen=True)
+class AnomalySteps(IndexSelection):
+    """``steps: "anomaly"``: no step is selected before training; a watch rule that fires selects the
+    next step while training runs (``CellDump.select_step``)."""
+
+    spans: Optional[Tuple[Tuple[int, int], ...]] = ()
+
+    @property
+    def on_anomaly(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return ANOMALY
+
+
+ANOMALY = "anomaly"
 MAX_SELECTION_ITEMS = 10_000
 _RANGE_RE = re.compile(r"^\s*([0-9]{1,15})\s*-\s*([0-9]{1,15})\s*$")
 _NUMBER_RE = re.compile(r"^[0-9]{1,15}$")
@@ -224,6 +246,9 @@ class DumpConfig:
     rank_verdict_timeout: float = DEFAULT_RANK_VERDICT_TIMEOUT
     rank_verdict_port: Optional[int] = None  # None ("auto"): a free port outside HCCL's range
     replica_groups: ReplicaGroups = field(default_factory=ReplicaGroups)
+    watch: Optional[WatchRules] = None  # None: no watch; see mf_celldump/watch.py and docs/watch.md
+    anomaly_captures: int = 1  # with steps "anomaly": at most this many steps captured per run
+    anomaly_max_bytes: Optional[int] = None  # with steps "anomaly": no capture once dump_path holds this many
 
     # ------------------------------------------------------------------
     @property
@@ -263,6 +288,8 @@ class DumpConfig:
                 value = value.describe()
             elif isinstance(value, tuple):
                 value = list(value)
+            elif isinstance(value, WatchRules):
+                value = value.to_dict()
             out[f.name] = value
         return out
 
@@ -297,7 +324,9 @@ class DumpConfig:
         if "data_mode" in values:
             kwargs["data_mode"] = _choice("data_mode", values["data_mode"], DATA_MODES)
         for key in ("steps", "ranks"):
-            if key in values:
+            if key == "steps" and isinstance(values.get(key), str) and values[key].strip().lower() == ANOMALY:
+                kwargs[key] = AnomalySteps()
+            elif key in values:
                 kwargs[key] = IndexSelection.parse(values[key], key)
         for key in ("include", "exclude", "exclude_classes"):
             if key in values:
@@ -328,6 +357,7 @@ class DumpConfig:
                 raise ConfigError(str(err)) from None
         if "jobs" in values and values["jobs"] is not None:
             kwargs["jobs"] = resolve_jobs(values["jobs"])
+        kwargs.update(_watch_keys(values, kwargs.get("steps")))
         if kwargs.get("backend") == "device_stats" and kwargs.get("task") == "tensor":
             raise ConfigError("backend: 'device_stats' reduces every tensor to statistics on the device and writes no "
                               "tensor file, so it cannot serve task 'tensor'; use backend 'auto' (or 'tensordump', "
@@ -358,6 +388,30 @@ class DumpConfig:
         if config is None or isinstance(config, Mapping):
             return cls.from_dict(config)
         raise ConfigError(f"configuration must be a DumpConfig or a dict, got {type(config).__name__}")
+
+
+def _watch_keys(values: Mapping[str, Any], steps: Optional[IndexSelection]) -> dict:
+    """``watch``, ``anomaly_captures`` and ``anomaly_max_bytes``, checked against ``steps``."""
+    out: dict = {}
+    if "watch" in values:
+        out["watch"] = WatchRules.parse(values["watch"])
+    anomaly = steps is not None and steps.on_anomaly
+    if anomaly and out.get("watch") is None:
+        raise ConfigError("steps: 'anomaly' captures the step after a watch rule fires, but watch is off; add "
+                          "watch: true (or a mapping of rules, see docs/watch.md), or name the steps to capture")
+    for key in ("anomaly_captures", "anomaly_max_bytes"):
+        if key not in values or (key == "anomaly_max_bytes" and values[key] is None):
+            continue
+        number = values[key]
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            what = "captures per run" if key == "anomaly_captures" else "bytes on disk under dump_path"
+            raise ConfigError(_bad(key, number, f"a positive integer ({what})"))
+        if not anomaly and number != getattr(DumpConfig, key):
+            raise ConfigError(f"{key}: {short_repr(number)} bounds the captures of steps: 'anomaly', but steps is "
+                              f"{short_repr(values.get('steps', 'all'))}; set steps: anomaly (with watch), or "
+                              f"remove {key}")
+        out[key] = number
+    return out
 
 
 def _statistics(stats: Any) -> Tuple[str, ...]:

@@ -78,6 +78,9 @@ def test_keys_are_the_dataclass_fields():
         "rank_verdict_timeout",
         "rank_verdict_port",
         "replica_groups",
+        "watch",
+        "anomaly_captures",
+        "anomaly_max_bytes",
     )
 
 

@@ -43,7 +43,7 @@ from mf_celldump.capture.wrappers import WrapperError, peel
 from mf_celldump.config import DumpConfig, short_repr
 from mf_celldump.errors import AttachError, StepError
 from mf_celldump.fsutil import writable_dir_problem
-from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY
+from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY, WATCH_KEY
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import MAX_STEP
@@ -108,6 +108,21 @@ def detect_rank() -> tuple:
     return 0, False
 
 
+def late_selection_problem(backend: str, graph_mode: bool) -> Optional[str]:
+    """Why ``backend`` cannot capture a step chosen while training runs (``steps: "anomaly"``), or None.
+
+    Graph-mode TensorDump has MindSpore filter the steps it writes from a list set before training
+    (``TensorDumpBackend.steps_fixed_at_attach``); the kernel-by-kernel statistics dump reads its
+    ``iteration`` list from ``MINDSPORE_DUMP_CONFIG`` once. The host backend and PyNative select in Python.
+    """
+    if backend == "kbk_statistics" or (backend == "tensordump" and graph_mode):
+        return (f"steps: 'anomaly': the {backend} backend in graph mode has MindSpore select the captured steps "
+                "from a list given before training, so a step chosen by a watch rule while training runs cannot be "
+                "captured; use backend: host (captures in graph mode on any device), PyNative mode, or name the "
+                "steps to capture")
+    return None
+
+
 def find_attached(network) -> Optional[CellDump]:
     """The dump attached to ``network`` (or to the model inside its wrappers), if any."""
     for candidate in (network, unwrap(network)):
@@ -164,7 +179,8 @@ class CellDump:
         self._primitives = primitives  # AscendPrimitives given to attach(), else None
         self.micro_batches: Optional[MicroBatches] = None  # where backward captures are paired by order
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
-        self.steps_remain = bool(config.steps.from_value(initial_step, 1))
+        self.steps_remain = bool(config.steps.from_value(initial_step, 1)) or config.steps.on_anomaly
+        self.watch_records: Dict[int, dict] = {}  # step -> why the watch captured it (``record_watch``)
 
     # -- attach / detach -----------------------------------------------------------------
     def attach(self) -> None:
@@ -185,6 +201,9 @@ class CellDump:
             return
         choice = choose_backend(self.config, self.device, graph_mode)
         logger.info("capture backend: %s (%s)", choice.name, choice.reason)
+        if self.config.steps.on_anomaly and late_selection_problem(choice.name, graph_mode):
+            self.detach()
+            raise AttachError(late_selection_problem(choice.name, graph_mode))
         self.cells = select_cells(self.model, self.config)
         for text in selection_warnings(self.model, self.config, self.cells):
             logger.warning("%s", text)
@@ -274,6 +293,8 @@ class CellDump:
         if layout is not None:
             details["parallel"] = layout
         point = self._parameters.gradient_point if self._parameters is not None else None
+        if self.watch_records:
+            details[WATCH_KEY] = {str(step): record for step, record in sorted(self.watch_records.items())}
         if point:  # the step's one gradient per parameter: summed over its micro-batches in both modes
             found = self.micro_batches or detect_micro_batches(peel(self.network).layers,
                                                                self.backend.parallel_settings())
@@ -338,6 +359,14 @@ class CellDump:
             raise AttachError(f"select_step({step}): the {self.backend.name} backend has MindSpore select its "
                               "steps from a list given at attach; name the step in steps, or use backend host")
         self._chosen.add(step)
+
+    def record_watch(self, step: int, record: dict) -> None:
+        """Say in the raw manifest (and so in the step's ``dump.json``) why the watch captured ``step``. Call it
+        before ``end_step(step)``: processing reads the manifest once the step is marked complete."""
+        if self.writer is None:
+            return
+        self.watch_records[step] = dict(record)
+        self.writer.write_manifest(self._manifest(self.graph_mode))
 
     @property
     def writes_later(self) -> bool:

@@ -111,6 +111,14 @@ class CellDumpCallback(Callback):
         replica_groups (str, optional): Which ranks are data-parallel replicas: ``"all"``,
             ``"model_parallel=T[,pipeline_stages=P]"``, or groups such as ``"0,2;1,3"`` or
             ``"0-3;4-7"``. Default: ``"all"``.
+        watch (Union[bool, dict], optional): Check every step's loss, overflow flag and global norm (what the
+            step already returned) against rules: ``true`` for the defaults, or a mapping of ``nan_inf_loss``,
+            ``nan_inf_grad_norm``, ``overflow``, ``loss_spike``, ``grad_norm_spike``, ``spike_window``, ``stop``.
+            With ``steps: "anomaly"`` the step a rule fires at is captured (rerun where the wrapper skipped its
+            update, else the next step). Default: ``False``. See ``docs/watch.md``.
+        anomaly_captures (int, optional): With ``steps: "anomaly"``: captures per run at most. Default: ``1``.
+        anomaly_max_bytes (int, optional): With ``steps: "anomaly"``: no capture that would take ``dump_path``
+            past this many bytes. Default: ``None`` (no bound).
         auto_register (str, optional): Accepted and ignored; in a YAML entry it tells
             MindFormers to import the registration module
             (``celldump_callback.CellDumpCallback``).

@@ -19,6 +19,8 @@ from mindspore import nn
 
 from mf_celldump.integrations.mindspore_callback import param
 from mf_celldump.integrations.run import TrainingRun
+from mf_celldump.integrations.watching import number
+from mf_celldump.watch import StepSignals
 
 
 class ModelChunks(nn.Cell):
@@ -66,4 +68,6 @@ class MindFormers2Adapter:
         run.begin_step(int(param(state, "global_step", 0)))
 
     def on_step_end(self, run: TrainingRun, args: Any = None, state: Any = None, **kwargs: Any) -> None:
-        run.end_step()
+        # The trainer passes the step's loss and gradient norm (loss=, grad_norm=): the watch's signals.
+        signals = StepSignals(loss=number(kwargs.get("loss")), grad_norm=number(kwargs.get("grad_norm")))
+        run.end_step(signals if run.watching is not None else None)

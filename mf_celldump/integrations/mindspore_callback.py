@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 from mf_celldump.capture.selection import unwrap
 from mf_celldump.capture.wrappers import WrapperError
+from mf_celldump.integrations.rerun import StepRerun, StepSnapshot
 from mf_celldump.integrations.run import TrainingRun
+from mf_celldump.integrations.watching import signals_from_outputs, stopping_callbacks_before
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class MindSporeAdapter:
         self.step_offset = 0
         self.last_step_num: Optional[int] = None
         self.warned_multi_step = False
+        self.snapshot: Optional[StepSnapshot] = None  # the running step's start, while the watch may rerun it
 
     def on_train_begin(self, run: TrainingRun, run_context) -> None:
         params = run_context.original_args()
@@ -97,6 +100,11 @@ class MindSporeAdapter:
             logger.info("mf_celldump: attached before compile with first step %d; training starts at "
                         "global step %d", dump.initial_step, first_step)
         run.ensure_attached(network, initial_step=first_step, origin="on_train_begin")
+        earlier = stopping_callbacks_before(param(params, "list_callback"), self.owner) if run.watching else []
+        if earlier:
+            logger.warning("mf_celldump watch: %s come(s) before CellDumpCallback in the callbacks and stop(s) "
+                           "training in the step end of a NaN or a norm spike, before the watch sees that step: put "
+                           "the CellDumpCallback entry before them in callbacks:", "; ".join(earlier))
 
     def on_train_step_begin(self, run: TrainingRun, run_context) -> None:
         current = int(param(run_context.original_args(), "cur_step_num", 0))
@@ -109,7 +117,22 @@ class MindSporeAdapter:
                 "for one folder per step.", current - first, first + self.step_offset,
             )
         run.begin_step(first + self.step_offset)
+        self.snapshot = None
+        if run.watching is not None and run.watching.wants_snapshot and run.dump is not None \
+                and not run.dump.distributed:
+            self.snapshot = StepSnapshot.take(param(run_context.original_args(), "train_network"))
 
     def on_train_step_end(self, run: TrainingRun, run_context) -> None:
-        self.last_step_num = int(param(run_context.original_args(), "cur_step_num", 0))
-        run.end_step()
+        params = run_context.original_args()
+        self.last_step_num = int(param(params, "cur_step_num", 0))
+        # The watch reads what the step returned (loss, overflow flag, loss scale, global norm): no new op.
+        signals, rerun = None, None
+        if run.watching is not None:
+            signals = signals_from_outputs(param(params, "net_outputs"))
+            batch = param(params, "train_dataset_element")  # None in dataset sink mode: no rerun there
+            if self.snapshot is not None and batch is not None:
+                rerun = StepRerun(param(params, "train_network"), tuple(batch), self.snapshot)
+        self.snapshot = None
+        run.end_step(signals, rerun)
+        if run.stop_requested:
+            run_context.request_stop()  # Model.train ends after this step, then on_train_end runs as usual

@@ -22,6 +22,7 @@ from mf_celldump.config import DumpConfig
 from mf_celldump.integrations.background import BackgroundProcessor
 from mf_celldump.integrations.rank_verdict import RankVerdict
 from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
+from mf_celldump.integrations.watching import StepWatch
 from mf_celldump.processing.outcome import counted, entries_text
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class TrainingRun:
         # How long to wait for steps MindSpore writes late; None: async_steps.DEFAULT_TIMEOUT_S.
         self.wait_timeout = wait_timeout
         self.written_later = False  # a step was handed over with a wait
+        self.watching = StepWatch(config) if config.watch is not None else None  # the watch (docs/watch.md)
 
     @property
     def attached(self) -> bool:
@@ -118,6 +120,8 @@ class TrainingRun:
         RankVerdict.check(self.config)  # a verdict asked for that cannot be served: refused before anything changes
         self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)
         self.summary.rank = self.dump.rank
+        if self.watching is not None:
+            self.watching.set_rank(self.dump.rank)
         self.summary.dump_path = self.dump.dump_path
         logger.info("mf_celldump: capture attached%s (first step %d)", f" at {origin}" if origin else "",
                     initial_step)
@@ -134,11 +138,24 @@ class TrainingRun:
     # -- steps -------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         if self.dump is not None and not self.finished:
+            if self.watching is not None:
+                self.watching.before_step(self.dump, step)  # a rule fired at the step before: capture this one
             self._ended(self.dump.begin_step(step))
 
-    def end_step(self) -> None:
+    def end_step(self, signals=None, rerun=None) -> None:
+        """The running step ended; ``signals`` (``watch.StepSignals``): what it computed, for the watch;
+        ``rerun`` (``rerun.StepRerun``): how to run it again, should a rule fire where its update was skipped."""
         if self.dump is not None and not self.finished:
-            self._ended(self.dump.end_step())
+            ended = self.dump.end_step()
+            self._ended(ended)
+            if self.watching is not None and signals is not None:
+                self.watching.after_step(self.dump, None if ended is None else ended.step, signals, rerun,
+                                         self._ended)
+
+    @property
+    def stop_requested(self) -> bool:
+        """True when the watch asks the trainer to stop (``watch: {stop: true}``) after the step that ended."""
+        return self.watching is not None and self.watching.stop_requested
 
     def _ended(self, ended) -> None:
         if ended is None or not (ended.captured and ended.completed and self.config.process_on_train_end):
@@ -192,6 +209,8 @@ class TrainingRun:
         finally:
             self._finish_processing()
         self.summary.captured_steps = list(self.dump.captured_steps)
+        if self.watching is not None:
+            self.summary.notes.extend(self.watching.summary_notes())
         if self.dump.writes_unselected:
             from mf_celldump.integrations.captured import discard_unselected
 

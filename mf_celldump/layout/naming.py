@@ -29,6 +29,10 @@ PARALLEL_KEY = "mf_celldump_parallel"
 # Our key in dump.json's head (and the raw manifest's): where the parameters_grad entries were read,
 # {"point": "autodiff" | "optimizer_input", "micro_batches": N}; docs/capture.md, "Weight gradients".
 PARAMETERS_GRAD_KEY = "mf_celldump_parameters_grad"
+# Our key in dump.json's head (and, per step, the raw manifest's): why the watch captured the step, and for a rerun
+# whether the fault came back, {"rule", "fired_at_step", "capture": "rerun" | "next_step", "fault", "exact"};
+# docs/watch.md.
+WATCH_KEY = "mf_celldump_watch"
 GRADIENT_POINT_AUTODIFF = "autodiff"
 GRADIENT_POINT_OPTIMIZER = "optimizer_input"
 CONSTRUCT_JSON = "construct.json"

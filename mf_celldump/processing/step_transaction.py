@@ -239,14 +239,18 @@ def _step_store(ctx: RankContext, source: StepSource, inputs: _Inputs, outcome: 
 
 
 def _texts(ctx: RankContext, store: EntryStore, data_dir: Optional[str], body_of: BodyOf,
-           counts: Optional[msprobe_json.LeafCounts] = None) -> Iterator[Tuple[str, Iterable[str]]]:
-    """(file name, text chunks) of the step's three JSON files, streamed from ``store``."""
+           counts: Optional[msprobe_json.LeafCounts] = None, step: Optional[int] = None
+           ) -> Iterator[Tuple[str, Iterable[str]]]:
+    """(file name, text chunks) of the step's three JSON files, streamed from ``store``; ``step``: the step whose
+    record of the watch (why it was captured, transient or persistent) goes into the head."""
     cells = ctx.manifest.cells
+    watched = (ctx.manifest.details.get(naming.WATCH_KEY) or {}).get(str(step)) if step is not None else None
     return msprobe_json.output_texts(
         ctx.manifest.task, data_dir, ctx.manifest.run_id, store.bodies(body_of),
         lambda: ((name, cells[cell], parent) for name, cell, parent in store.nodes()), counts,
         {naming.PARALLEL_KEY: ctx.manifest.details.get("parallel"),
-         naming.PARAMETERS_GRAD_KEY: ctx.manifest.details.get(naming.PARAMETERS_GRAD_KEY)})
+         naming.PARAMETERS_GRAD_KEY: ctx.manifest.details.get(naming.PARAMETERS_GRAD_KEY),
+         naming.WATCH_KEY: watched})
 
 
 def _decoded(bodies: Iterable[Tuple[str, str]]) -> Iterator[Tuple[str, dict]]:
@@ -283,7 +287,7 @@ def _assemble(ctx: RankContext, source: StepSource, inputs: _Inputs, runner: Fil
         if space_codes:
             raise OSError(space_codes[0], os.strerror(space_codes[0]), partial)
         counts = msprobe_json.LeafCounts()
-        for name, chunks in _texts(ctx, store, final_data_dir, body_of, counts):
+        for name, chunks in _texts(ctx, store, final_data_dir, body_of, counts, source.step):
             fsutil.write_new_text(os.path.join(partial, name), chunks)
         outcome.tensors, outcome.values = counts.tensors, counts.values
         _check_no_foreign_output(target, [source.raw_dir, data_dir, os.path.join(retired, naming.TENSOR_DIR)])
@@ -326,7 +330,7 @@ def _check_no_foreign_output(target: str, own_folders: List[Optional[str]]) -> N
 def _space_text(ctx: RankContext, source: StepSource, store: EntryStore, data_dir: Optional[str], body_of: BodyOf,
                 err: OSError, copying: bool) -> str:
     """The full-disk message, with the space this step's output needs (its JSON measured, copies added)."""
-    texts = (chunk for _, chunks in _texts(ctx, store, data_dir, body_of) for chunk in chunks)
+    texts = (chunk for _, chunks in _texts(ctx, store, data_dir, body_of, step=source.step) for chunk in chunks)
     files = [c.file for e in store.held() for c in e.captures if c.file is not None]
     copied = 0
     if copying and source.raw_dir is not None:  # tensors were being copied (no hard links on this file system)
