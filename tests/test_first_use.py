@@ -63,7 +63,7 @@ def test_alias_bomb_in_any_key_is_a_short_message_within_300_mb(tmp_path):
                 DumpConfig.from_dict(data, source=path)
                 print("ACCEPTED", path)
             except ConfigError as err:
-                print("LEN", len(str(err)), str(err)[:60])
+                print("LEN", len(str(err).replace(path, "")), str(err)[:60])
     """)
     proc = limited_python(code, limit_mb=300, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -76,7 +76,8 @@ def test_alias_bomb_through_from_yaml_names_the_key(tmp_path):
     path.write_text(_alias_bomb("steps").replace("_anchors", "stepz_anchors"))
     with pytest.raises(ConfigError) as err:
         DumpConfig.from_yaml(str(path))
-    assert "unknown key 'stepz_anchors'" in str(err.value) and len(str(err.value)) < 400
+    message = str(err.value)
+    assert "unknown key 'stepz_anchors'" in message and len(message.replace(str(path), "")) < 400
     path.write_text(_alias_bomb("steps", depth=1).replace("_anchors:\n", "").replace("  - &a0", "x: &a0")
                     .replace("  - &a1", "y: &a1"))
     with pytest.raises(ConfigError, match="unknown key 'x'"):
