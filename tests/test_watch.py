@@ -202,9 +202,11 @@ def test_the_signals_are_read_from_what_the_training_wrapper_returned():
 def test_captures_stop_at_anomaly_captures_and_later_firings_are_only_logged():
     config = DumpConfig.from_dict({"steps": "anomaly", "watch": True, "anomaly_captures": 1})
     watched = StepWatch(config)
-    watched.captured.append(2)  # one capture done
+    watched.after_step(None, 2, StepSignals(loss=float("nan")))  # the one capture: step 3, the step after it
+    assert watched.pending is not None and not watched.wants_snapshot
+    watched.before_step(None, 3)
     watched.after_step(None, 5, StepSignals(loss=float("nan")))
-    assert watched.pending is None
+    assert watched.pending is None and not watched.wants_snapshot
     assert any("anomaly_captures=1 captures are done" in n for n in watched.notes)
 
 
