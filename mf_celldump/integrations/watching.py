@@ -293,14 +293,14 @@ class StepWatch:
             if capturing:
                 dump.abort_step()
         failed, came_back = self._rerun_outcomes(result)
-        if failed:
-            self._rerun_failed(firing, error, failed)
-            return
         verdict = "persistent" if came_back else "transient"
-        if capturing:
+        if capturing and result is not None:  # kept even when another rank's rerun failed
             dump.record_watch(step, self._rerun_record(firing, result, verdict, came_back))
             on_ended(dump.end_step())
             self.captured.append(step)
+        if failed:
+            self._rerun_failed(firing, error, failed)
+            return
         self.reruns[step] = verdict
         self._note(self._rerun_text(firing, result, came_back, capturing))
 
@@ -344,7 +344,7 @@ class StepWatch:
                 f"{result.loss:.6g}){exact}; {count}")
 
     def _fired_on(self) -> dict:
-        """In a distributed run, the ranks where a rule fired at ``step`` (for ``dump.json``)."""
+        """In a distributed run, the ranks where a rule fired at the step acted on (for ``dump.json``)."""
         if self.ranks is None:
             return {}
         return {"fired_on_ranks": list(self._acted_ranks)}
