@@ -12,10 +12,10 @@ rank's training wrapper skipped the update (its overflow flag) and whether the r
 needs. A collective rather than rank 0's store (``rank_exchange``): every rank calls it at the same
 point of every step anyway, it returns the same table on every rank with no polling, and a store
 round trip goes through rank 0's child process and a pipe (several ms) where a 16-byte gather on
-loopback takes well under a millisecond (``docs/watch.md``, "Cost"). MindSpore runs a primitive
-called outside a compiled graph as a single op in either mode (``share_address`` relies on the same),
-and its CPU collectives under msrun give correct ``AllGather`` results
-(``/work/shared/reference/parallel-cpu-facts.md``).
+loopback takes well under a millisecond (``docs/watch.md``, "Cost"). A primitive called outside a
+compiled graph runs as a single op in either mode (``Primitive.__call__`` -> ``_run_op``,
+``mindspore/ops/primitive.py``, 2.9; ``rank_exchange.share_address`` relies on the same), and MindSpore's
+CPU collectives under msrun run it (``tests/test_watch_ranks.py``).
 
 Two more gathers happen only at a firing: whether each rank may still write a capture
 (``anomaly_max_bytes``), and after a rerun whether it ran and whether the fault came back. Their
