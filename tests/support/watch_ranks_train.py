@@ -7,7 +7,8 @@ of ``watch_train.py``, trained by ``Model.train`` in MindSpore's data-parallel m
 averaged by AllReduce, so a NaN gradient on one rank makes every rank's wrapper skip the update).
 Each rank reads different data. On FAULT_RANK only, the gate turns the faulty cell's output NaN
 from FAULT_STEP on: only that rank's loss is NaN. ``KEY=VALUE`` arguments (YAML values) go to
-``CellDumpCallback`` over the defaults ``steps: anomaly``, ``watch: true``. Each rank prints
+``CellDumpCallback`` over the defaults ``steps: anomaly``, ``watch: true``, except ``train=plain``:
+``nn.TrainOneStepCell``, which applies every update (a NaN gradient reaches every rank's weights). Each rank prints
 ``RESULT {json}`` (its rank, summary, losses) and the summary text its log carries anyway.
 """
 
@@ -55,8 +56,11 @@ def main():
         key, _, value = item.partition("=")
         keys[key] = yaml.safe_load(value)
     net = Net()
-    train = CpuLossScaleCell(WithLoss(net), nn.SGD(net.trainable_params(), 0.01),
-                             scale_sense=Tensor(1024.0, ms.float32))
+    if keys.pop("train", None) == "plain":
+        train = nn.TrainOneStepCell(WithLoss(net), nn.SGD(net.trainable_params(), 0.01))
+    else:
+        train = CpuLossScaleCell(WithLoss(net), nn.SGD(net.trainable_params(), 0.01),
+                                 scale_sense=Tensor(1024.0, ms.float32))
     flip = GateFlip(net.faulty.gate, fault_step if rank == fault_rank else -1, transient=False)
     cb = CellDumpCallback(**keys)
     Model(train).train(1, dataset(rank), callbacks=[flip, cb], dataset_sink_mode=False)
