@@ -1,9 +1,12 @@
 """The watch across ranks: a rule that fires on one rank makes every rank act on the same step.
 
-A real 2-rank msrun job on loopback, graph mode, shared by the tests of this module (each start costs
-10-35 s here): the data-parallel job of ``tests/support/watch_ranks_train.py``, whose faulty cell turns
-NaN on rank 1 only from step 2 on, with ``watch: {overflow: false, stop: true}`` (so only rank 1's
-NaN loss fires: the overflow flag, reduced across ranks, is set on both) and the rank verdict on.
+Real 2-rank msrun jobs on loopback (each start costs 10-35 s here), of the data-parallel job in
+``tests/support/watch_ranks_train.py``, whose faulty cell turns NaN on rank 1 only from step 2 on:
+
+* graph mode, shared by most tests: ``watch: {overflow: false, stop: true}`` (so only rank 1's NaN
+  loss fires: the overflow flag, reduced across ranks, is set on both) and the rank verdict on;
+* PyNative, a wrapper that applies every update: no rerun, every rank captures the next step.
+
 The decisions themselves (which rank fired, whether every rank can rerun) are checked in process
 over gathered tables.
 """
@@ -31,13 +34,10 @@ RESULT = re.compile(r"^RESULT (\{.*\})$", re.M)
 msrun_only = pytest.mark.skipif(MSRUN is None, reason="msrun is not installed next to this Python")
 
 
-@pytest.fixture(scope="module")
-def nan_on_rank1(tmp_path_factory):
-    root = tmp_path_factory.mktemp("watch_ranks_graph")
+def _job(root, mode: str, *keys: str):
     dump = root / "dump"
-    job = run_job(SCRIPT, ["graph", str(dump), str(FAULT_RANK), str(FAULT_STEP),
-                           "watch={overflow: false, stop: true}", "rank_verdict=true"],
-                  2, str(root / "logs"), str(root), timeout=600)
+    job = run_job(SCRIPT, [mode, str(dump), str(FAULT_RANK), str(FAULT_STEP), *keys], 2, str(root / "logs"),
+                  str(root), timeout=600)
     assert job.returncodes["msrun"] == 0, job.output[-3000:] + job.tails()
     results = {}
     for rank in (0, 1):
@@ -45,6 +45,17 @@ def nan_on_rank1(tmp_path_factory):
         assert found, job.tails()
         results[rank] = json.loads(found[-1])
     return dump, job, results
+
+
+@pytest.fixture(scope="module")
+def nan_on_rank1(tmp_path_factory):
+    return _job(tmp_path_factory.mktemp("watch_ranks_graph"), "graph", "watch={overflow: false, stop: true}",
+                "rank_verdict=true")
+
+
+@pytest.fixture(scope="module")
+def nan_on_rank1_applied(tmp_path_factory):
+    return _job(tmp_path_factory.mktemp("watch_ranks_pynative"), "pynative", "train=plain", "watch={stop: true}")
 
 
 def _watch_head(dump, step, rank):
@@ -97,6 +108,22 @@ def test_rank0s_train_end_summary_names_the_first_rank_and_step_that_fired(nan_o
     assert "watch: no rule fired" in results[0]["notes"]  # its own rules never fired
     verdict = re.search(rf"mf_celldump: ranks: step {FAULT_STEP}: (.*)$", job.log(0), re.M)
     assert verdict and "rank 1: first NaN at net.faulty" in verdict.group(1), job.tails()
+
+
+@pytest.mark.slow
+@msrun_only
+def test_where_the_update_was_applied_every_rank_captures_the_step_after_the_firing(nan_on_rank1_applied):
+    dump, job, results = nan_on_rank1_applied
+    step = FAULT_STEP + 1
+    for rank in (0, 1):
+        assert results[rank]["captured"] == [step] and results[rank]["processed"] == [step], results[rank]
+        assert any(f"rule nan_inf_loss fired at step {FAULT_STEP} on rank 1: capturing step {step}, the step after "
+                   f"it (step {FAULT_STEP} is not rerun: the update was applied on ranks 0, 1" in n
+                   for n in results[rank]["notes"]), results[rank]
+        assert _watch_head(dump, step, rank) == {"rule": "nan_inf_loss", "fired_at_step": FAULT_STEP,
+                                                 "capture": "next_step", "fired_on_ranks": [1]}
+        assert len(results[rank]["losses"]) == step + 1  # stopped after the captured step, on both ranks
+    assert sorted(p.name for p in dump.iterdir() if p.name.startswith("step")) == [f"step{step}"]
 
 
 # -- the decisions over a gathered table -------------------------------------------------------------------
