@@ -137,10 +137,12 @@ class TrainingRun:
 
     def _watch_ranks(self) -> None:
         """In a distributed run the watch shares each step's firings with every rank (``watch_ranks``): a rule
-        that fires on one rank makes every rank rerun, capture or stop at the same step."""
+        that fires on one rank makes every rank rerun, capture or stop at the same step. A watch that only logs
+        (no ``steps: anomaly``, no ``stop``, no ``rank_verdict`` to name the first firing) needs no gather."""
         self.watching.set_rank(self.dump.rank)
+        acts = self.config.steps.on_anomaly or self.config.watch.stop or self.config.rank_verdict
         world = world_size()
-        if world > 1:
+        if world > 1 and acts:
             from mf_celldump.integrations.watch_ranks import RankTable
 
             self.watching.share_across(RankTable(self.dump.rank, world))
