@@ -8,7 +8,9 @@ Each rank times, after ``--warmup`` calls, ``--steps`` calls of:
 * ``gather``: ``watch_ranks.RankTable.gather`` of one row (what every step end adds);
 * ``after_step``: ``StepWatch.after_step`` of a step without a firing, its rules plus that gather
   (what the watch costs per step in a distributed run, signals already read);
-* ``local_after_step``: the same without the gather (a single-rank run), for the difference.
+* ``local_after_step``: the same without the gather (a single-rank run), for the difference;
+* ``local_op_sync``: one local ``ops.Add`` of the same row and its ``asnumpy``: what any op followed by a
+  host read costs in this mode, collective or not (PyNative: the wait for its asynchronous pipeline).
 
 ``mindspore.mint.distributed.all_gather_into_tensor`` is not measured: on CPU (MindSpore 2.9) it
 raises "The kernel DistCommAllGatherIntoTensor unregistered"; the ``ops.AllGather`` primitive runs.
@@ -70,11 +72,15 @@ def main() -> int:
     watched.share_across(table)
     signals = StepSignals(loss=1.0, grad_norm=1.0, overflow=False, loss_scale=1.0)
     steps = iter(range(10**9))
+    from mindspore import Tensor, ops
+
+    add, zeros = ops.Add(), Tensor([0.0, 0.0, 0.0, 0.0], ms.float32)
     local = StepWatch(DumpConfig.from_dict({"steps": "anomaly", "watch": True}))
     results = {
         "gather": _timed(lambda: table.gather([0.0, 0.0, 0.0, 0.0]), args.steps, args.warmup),
         "after_step": _timed(lambda: watched.after_step(None, next(steps), signals), args.steps, args.warmup),
         "local_after_step": _timed(lambda: local.after_step(None, next(steps), signals), args.steps, args.warmup),
+        "local_op_sync": _timed(lambda: add(zeros, zeros).asnumpy(), args.steps, args.warmup),
     }
     mine = {name: _stats(times) for name, times in results.items()}
     gathered = table.gather([mine[n][k] for n in results for k in ("median_us", "p95_us", "max_us")] + [0.0])
