@@ -10,9 +10,9 @@ The table is one ``AllGather`` over the world group of a few float32 per rank (`
 that fired on the rank (bits in the order of ``watch.RULES``), the first firing's value, whether the
 rank's training wrapper skipped the update (its overflow flag) and whether the rank has what a rerun
 needs. A collective rather than rank 0's store (``rank_exchange``): every rank calls it at the same
-point of every step anyway, it returns the same table on every rank with no polling, and a store
-round trip goes through rank 0's child process and a pipe (several ms) where a 16-byte gather on
-loopback takes well under a millisecond (``docs/watch.md``, "Cost"). A primitive called outside a
+point of every step anyway, it returns the same table on every rank with no polling, and the store
+is reached through a child process and a pipe, and polled. Its cost per mode is in
+``docs/watch.md`` ("Cost": 0.3-0.6 ms in graph mode on loopback). A primitive called outside a
 compiled graph runs as a single op in either mode (``Primitive.__call__`` -> ``_run_op``,
 ``mindspore/ops/primitive.py``, 2.9; ``rank_exchange.share_address`` relies on the same), and MindSpore's
 CPU collectives under msrun run it (``tests/test_watch_ranks.py``).
