@@ -6,7 +6,8 @@ Real 2-rank msrun jobs on loopback (each start costs 10-35 s here), of the data-
 * graph mode, shared by most tests: ``watch: {overflow: false, stop: true}`` (so only rank 1's NaN
   loss fires: the overflow flag, reduced across ranks, is set on both) and the rank verdict on;
 * PyNative, a wrapper that applies every update: no rerun, every rank captures the next step;
-* PyNative, the update skipped, ``anomaly_max_bytes: 1``: every rank refuses the rerun's capture together.
+* PyNative, the update skipped (the overflow rule fires on both ranks), ``anomaly_max_bytes: 1``: every
+  rank refuses the rerun's capture together.
 
 The decisions themselves (which rank fired, whether every rank can rerun) are checked in process
 over gathered tables.
@@ -139,7 +140,7 @@ def test_a_rerun_that_would_pass_anomaly_max_bytes_is_refused_on_every_rank_and_
     dump, job, results = nan_on_rank1_no_room
     for rank in (0, 1):
         assert results[rank]["captured"] == [] and results[rank]["processed"] == [], results[rank]
-        assert any(f"rule nan_inf_loss fired at step {FAULT_STEP}: its rerun is not captured: dump_path holds" in n
+        assert any(f"fired at step {FAULT_STEP}: its rerun is not captured: dump_path holds" in n
                    and "would pass anomaly_max_bytes=1" in n for n in results[rank]["notes"]), results[rank]
         assert len(results[rank]["losses"]) == 6  # every step trained: nobody waited on a rank that reran
         assert f"rank {rank} finished training" in job.log(rank)
