@@ -116,6 +116,47 @@ def test_stop_ends_training_after_the_captured_step_and_still_processes_it(tmp_p
     assert _step_folders(dump) == [f"step{FAULT_STEP}"]
 
 
+def test_under_dataset_sink_mode_on_cpu_the_faulty_step_is_rerun_as_without_sink(tmp_path):
+    """MindSpore does not sink on CPU (``Model._train`` falls back to ``_train_process``): one step per step end,
+    with its batch, so the watch works as without sink."""
+    result, out, dump = _train(tmp_path, "graph", "sink")
+    assert f"watch: step {FAULT_STEP} rank 0: rule nan_inf_loss fired (value nan)" in out
+    assert result["captured"] == [FAULT_STEP] and result["processed"] == [FAULT_STEP]
+    assert _watch_head(dump, FAULT_STEP)["capture"] == "rerun"
+    assert _first_anomaly(dump) == [(FAULT_STEP, "forward", "net.faulty")]
+
+
+@pytest.mark.parametrize("sink_size, refused", [(2, True), (-1, True), (1, False)])
+def test_steps_anomaly_under_a_graph_sink_of_several_steps_is_refused_at_train_begin(tmp_path, sink_size, refused):
+    """What ``Model._train_dataset_sink_process`` hands the callbacks on a device (it cannot run on CPU):
+    ``dataset_sink_mode`` and ``sink_size`` in the callback params, one step end per sink."""
+    import mindspore.dataset as ds
+    from mindspore.train.callback import RunContext, _InternalCallbackParam
+
+    import mf_celldump
+    from mf_celldump.errors import AttachError
+    from tests.support import capture_net as cn
+
+    cn.set_mode("graph")
+    network = cn.train_one_step_cell(cn.make_net())
+    params = _InternalCallbackParam(train_network=network, cur_step_num=0, dataset_sink_mode=True,
+                                   sink_size=sink_size, list_callback=[],
+                                   train_dataset=ds.NumpySlicesDataset({"x": np.zeros((4, 2), np.float32)}))
+    callback = mf_celldump.CellDumpCallback(dump_path=str(tmp_path / "dump"), steps="anomaly", watch=True,
+                                            backend="host", layer_mapping=None)
+    try:
+        if refused:
+            with pytest.raises(AttachError, match="steps: 'anomaly' cannot run under dataset sink mode with "
+                                                  f"sink_size {sink_size} .*Train with sink_size: 1"):
+                callback.on_train_begin(RunContext(params))
+            assert callback.dump is None
+        else:
+            callback.on_train_begin(RunContext(params))
+            assert callback.dump is not None and callback.dump.attached
+    finally:
+        callback.close()
+
+
 # -- configuration ---------------------------------------------------------------------------------------------
 def test_steps_anomaly_without_watch_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match="steps: 'anomaly' captures the step after a watch rule fires, but watch "
@@ -202,9 +243,11 @@ def test_the_signals_are_read_from_what_the_training_wrapper_returned():
 def test_captures_stop_at_anomaly_captures_and_later_firings_are_only_logged():
     config = DumpConfig.from_dict({"steps": "anomaly", "watch": True, "anomaly_captures": 1})
     watched = StepWatch(config)
-    watched.captured.append(2)  # one capture done
+    watched.after_step(None, 2, StepSignals(loss=float("nan")))  # the one capture: step 3, the step after it
+    assert watched.pending is not None and not watched.wants_snapshot
+    watched.before_step(None, 3)
     watched.after_step(None, 5, StepSignals(loss=float("nan")))
-    assert watched.pending is None
+    assert watched.pending is None and not watched.wants_snapshot
     assert any("anomaly_captures=1 captures are done" in n for n in watched.notes)
 
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from mf_celldump.capture.selection import unwrap
 from mf_celldump.capture.wrappers import WrapperError
+from mf_celldump.errors import AttachError
 from mf_celldump.integrations.rerun import StepRerun, StepSnapshot
 from mf_celldump.integrations.run import TrainingRun
 from mf_celldump.integrations.watching import signals_from_outputs, stopping_callbacks_before
@@ -61,6 +62,37 @@ def initial_step_offset(params, owner) -> int:
     return dataset_init_step(param(params, "train_dataset"))
 
 
+def steps_per_sink(params) -> int:
+    """Training steps one callback step covers: ``sink_size`` (the whole dataset for -1) in graph-mode dataset
+    sink, else 1. ``Model._train_dataset_sink_process`` (``mindspore/train/model.py``, 2.9) sets
+    ``dataset_sink_mode`` and ``sink_size`` in the callback params and adds ``dataset_helper.sink_size()`` to
+    ``cur_step_num`` per callback step in graph mode (1 in PyNative). On CPU ``Model.train`` never sinks: it
+    falls back to ``_train_process``, which sets neither."""
+    if param(params, "dataset_sink_mode") is not True:
+        return 1
+    import mindspore as ms
+
+    if ms.get_context("mode") != ms.GRAPH_MODE:
+        return 1
+    size = int(param(params, "sink_size", -1))
+    if size > 0:
+        return size
+    dataset = param(params, "train_dataset")
+    return int(dataset.get_dataset_size()) if dataset is not None else 0
+
+
+def sink_refusal(params) -> Optional[str]:
+    """Why ``steps: "anomaly"`` cannot run under this dataset sink (None: it can)."""
+    steps = steps_per_sink(params)
+    if steps == 1:
+        return None
+    return (f"steps: 'anomaly' cannot run under dataset sink mode with sink_size {param(params, 'sink_size', -1)} "
+            f"({steps or 'all the dataset'} steps per graph launch): the callback sees only the last step of each "
+            "sink, so a rule firing in an earlier step is missed; no step can be rerun (the batch is read inside "
+            "the graph); and a sink captured as one step mixes its steps' calls. Train with sink_size: 1 or "
+            "dataset_sink_mode: False, or name the steps to capture")
+
+
 def _same_model(attached, network) -> bool:
     """True when ``network`` wraps the model the dump is attached to; a wrapper that cannot be read is
     not the same (re-attaching then refuses it with the reason)."""
@@ -79,6 +111,7 @@ class MindSporeAdapter:
         self.last_step_num: Optional[int] = None
         self.warned_multi_step = False
         self.snapshot: Optional[StepSnapshot] = None  # the running step's start, while the watch may rerun it
+        self.sinking = False  # dataset sink mode: the batch is read inside the graph, no step is rerun
 
     def on_train_begin(self, run: TrainingRun, run_context) -> None:
         params = run_context.original_args()
@@ -89,6 +122,10 @@ class MindSporeAdapter:
         self.step_offset = initial_step_offset(params, self.owner)
         self.last_step_num = start
         first_step = start + self.step_offset
+        self.sinking = param(params, "dataset_sink_mode") is True
+        refusal = sink_refusal(params) if run.watching is not None and run.watching.captures_on_trigger else None
+        if refusal:
+            raise AttachError(refusal)  # the callback's __exit__ detaches a dump the compile hook attached
         dump = run.dump
         if dump is not None and not _same_model(dump.network, network):
             logger.warning("mf_celldump: capture was attached at compile time to %s but training runs %s; "
@@ -118,8 +155,7 @@ class MindSporeAdapter:
             )
         run.begin_step(first + self.step_offset)
         self.snapshot = None
-        if run.watching is not None and run.watching.wants_snapshot and run.dump is not None \
-                and not run.dump.distributed:
+        if run.watching is not None and run.watching.wants_snapshot and run.dump is not None and not self.sinking:
             self.snapshot = StepSnapshot.take(param(run_context.original_args(), "train_network"))
 
     def on_train_step_end(self, run: TrainingRun, run_context) -> None:
@@ -129,7 +165,7 @@ class MindSporeAdapter:
         signals, rerun = None, None
         if run.watching is not None:
             signals = signals_from_outputs(param(params, "net_outputs"))
-            batch = param(params, "train_dataset_element")  # None in dataset sink mode: no rerun there
+            batch = param(params, "train_dataset_element")
             if self.snapshot is not None and batch is not None:
                 rerun = StepRerun(param(params, "train_network"), tuple(batch), self.snapshot)
         self.snapshot = None

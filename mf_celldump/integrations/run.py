@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
 from mf_celldump.integrations.background import BackgroundProcessor
-from mf_celldump.integrations.rank_verdict import RankVerdict
+from mf_celldump.integrations.rank_verdict import RankVerdict, world_size
 from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
 from mf_celldump.integrations.watching import StepWatch
 from mf_celldump.processing.outcome import counted, entries_text
@@ -121,7 +121,7 @@ class TrainingRun:
         self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)
         self.summary.rank = self.dump.rank
         if self.watching is not None:
-            self.watching.set_rank(self.dump.rank)
+            self._watch_ranks()
         self.summary.dump_path = self.dump.dump_path
         logger.info("mf_celldump: capture attached%s (first step %d)", f" at {origin}" if origin else "",
                     initial_step)
@@ -134,6 +134,18 @@ class TrainingRun:
         if self.config.process_on_train_end and self.dump.rank in self.config.ranks:
             self._step_processor().prepare()  # before training: submit stays a queue put
         return self.dump
+
+    def _watch_ranks(self) -> None:
+        """In a distributed run the watch shares each step's firings with every rank (``watch_ranks``): a rule
+        that fires on one rank makes every rank rerun, capture or stop at the same step. A watch that only logs
+        (no ``steps: anomaly``, no ``stop``, no ``rank_verdict`` to name the first firing) needs no gather."""
+        self.watching.set_rank(self.dump.rank)
+        acts = self.config.steps.on_anomaly or self.config.watch.stop or self.config.rank_verdict
+        world = world_size()
+        if world > 1 and acts:
+            from mf_celldump.integrations.watch_ranks import RankTable
+
+            self.watching.share_across(RankTable(self.dump.rank, world))
 
     # -- steps -------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:

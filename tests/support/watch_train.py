@@ -11,7 +11,9 @@ argv: MODE (graph | pynative) SCENARIO DUMP_PATH TASK [FAULT_STEP]. The network 
 * ``spike``: no fault; the targets of FAULT_STEP are 30 times larger (a loss spike);
 * ``clean``: no fault;
 * ``plain-transient``: ``transient`` without the callback (the losses training gives untouched);
-* ``stop``: as ``nan`` with ``watch: {stop: true}``.
+* ``stop``: as ``nan`` with ``watch: {stop: true}``;
+* ``sink``: as ``nan``, trained with ``dataset_sink_mode=True, sink_size=2`` (on CPU MindSpore trains step by
+  step all the same).
 
 Prints ``RESULT {json}``: the summary, the steps trained, each step's loss.
 """
@@ -117,7 +119,7 @@ def main():
     if mode == "graph":
         keys["backend"] = "host"
     cb = CellDumpCallback(**keys)
-    faults = scenario in ("nan", "transient", "stop", "plain-transient")
+    faults = scenario in ("nan", "transient", "stop", "plain-transient", "sink")
     flip = GateFlip(net.faulty.gate, fault_step if faults else -1, scenario.endswith("transient"))
     data = dataset(fault_step if scenario == "spike" else -1)
     if scenario.startswith("plain"):
@@ -125,7 +127,8 @@ def main():
         Model(train).train(1, data, callbacks=[flip], dataset_sink_mode=False)
         print("RESULT " + json.dumps({"losses": flip.losses}))
         return
-    Model(train).train(1, data, callbacks=[flip, cb], dataset_sink_mode=False)
+    sink = scenario == "sink"
+    Model(train).train(1, data, callbacks=[flip, cb], dataset_sink_mode=sink, sink_size=2 if sink else -1)
     s = cb.summary
     print("RESULT " + json.dumps({"processed": sorted(s.processed_steps), "captured": s.captured_steps,
                                   "problems": s.problems, "notes": s.notes, "losses": flip.losses}))
