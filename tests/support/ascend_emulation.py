@@ -44,10 +44,11 @@ later files from the search index):
 Limits (see docs/capture.md and docs/ascend-emulation.md): neither the redistribution nor a
 forward AllReduce exists on one CPU, so the parallel pass's per-consumer dumps (PTD at
 v2.9.0: copies for every parallel-care consumer, on its input after any Cast; users outside
-them lose an ``'out'`` gradient hook, an ``'in'`` one stays on the producer side) are reproduced for the consumers a test declares
-(``RedistributedValue``), and its re-pointing of ``'out'`` dumps to the partial sum before a
-forward AllReduce for the op a test declares (``ForwardCommunication``); TensorDump in control flow is refused
-by counting dumps against the compiled top graph (``ControlFlowCheck``); the number format of
+them lose an ``'out'`` gradient hook, an ``'in'`` one stays on the producer side) are reproduced
+for the consumers a test declares (``RedistributedValue``), and its re-pointing of ``'out'``
+dumps to the partial sum before a forward AllReduce for the op a test declares
+(``ForwardCommunication``); TensorDump in control flow is refused by counting dumps against
+the compiled top graph (``ControlFlowCheck``); the number format of
 statistic values and whether an input-slot-0 row exists are not settled from source
 (here: ``repr`` of a float32, no slot-0 row); sink mode with sink_size > 1 is not
 emulated. Files are written in the order the host ops ran (MindSpore's channel is FIFO,
