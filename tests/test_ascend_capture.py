@@ -215,7 +215,7 @@ def test_under_the_parallel_pass_every_gradient_hook_is_in_mode(tmp_path):
     in_named = {}
     for path in emulator.written_files:
         parsed = fmt.parse_raw_tensor_name(os.path.basename(path))
-        if parsed is not None:
+        if parsed is not None and parsed.key.kind == fmt.KIND_TENSOR:  # not an explicit null (a plain TensorDump)
             key = parsed.key
             in_named[(key.direction, key.cell_id, key.slot, key.path)] = parsed.in_mode
     forward = {k[1:]: v for k, v in in_named.items() if k[0] == fmt.FORWARD}
