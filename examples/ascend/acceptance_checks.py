@@ -161,7 +161,7 @@ def check_same_values(got: Arrays, want: Arrays, step: int, rtol: float, atol: f
 
 def check_in_pairing(leaves: Leaves, arrays: Arrays, reference: Dict[tuple, np.ndarray]) -> Check:
     """Under (semi-)auto parallel: values the layer mapping dumps in 'in' mode, forward and backward, present
-    and equal to the reference (a gradient hook paired with the same mode is renamed, then lost)."""
+    and equal to the reference (a gradient hooked 'out' would be cloned onto the parallel-care consumers only)."""
     missing = [k for k in reference if k not in leaves or leaves[k].get("data_name") not in arrays]
     bad = [k for k in reference if k not in missing
            and not np.allclose(arrays[leaves[k]["data_name"]], reference[k], rtol=1e-5, atol=1e-6)]
