@@ -407,8 +407,8 @@ def scenario_in_pairing(workdir: str, emulate: bool) -> Checks:
     report = process(captured)
     return [ac.check_no_problem("in modes", report.all_problems, ac.IN_PAIRING),
             (bool(forward_in) and bool(hooks) and not consumer_side,
-             f"[{ac.IN_PAIRING}] {len(forward_in)} forward dumps in 'in' mode; {len(hooks)} gradient hooks, each 'in' "
-             f"({len(consumer_side)} 'out', cloned per consumer by the pass)")]
+             f"[{ac.IN_PAIRING}] {len(forward_in)} forward dumps in 'in' mode; every gradient hook 'in' "
+             f"({len(hooks) - len(consumer_side)} of {len(hooks)}; an 'out' one the pass clones per consumer)")]
 
 
 # -- control flow ---------------------------------------------------------------------------------------------
