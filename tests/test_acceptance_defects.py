@@ -90,7 +90,8 @@ def _empty_filter_for_nothing(patch):
 
 
 def _gradient_hook_in_the_same_mode(patch):
-    """DumpGradient given the forward dump's own mode ('in' with 'in'), as before the fix."""
+    """DumpGradient given the other mode than capture asks for: 'out' hooks where capture puts 'in' ones, which the
+    parallel pass deletes and clones onto the consumers."""
     original = AscendEmulator.dump_gradient
 
     def dump_gradient(self):
@@ -136,6 +137,12 @@ def _no_widened_out_refusal(patch):
                   lambda enabled, backend: constexpr(lambda wide, head, use_in: 0))
 
 
+def _consumer_side_hooks(patch):
+    """An 'in' probe's gradient hooked 'out' (msprobe 26.2's pairing) under the pass: cloned onto the parallel-care
+    consumers only, so a user outside them is missing from the recorded gradient."""
+    patch.setattr(tensordump_backend, "_hook_modes", lambda parallel: ("out", "in"))
+
+
 def _copies_never_one_value(patch):
     """Copies of one shape taken for different values, as if only a redistribution could make a copy."""
     patch.setattr(consumer_parts._CallMerger, "_contents_differ", lambda self, copies: True)
@@ -176,6 +183,7 @@ DEFECTS = {
     ac.WIDENED_IN: ("parallel_pass", _pass_unseen),
     ac.FORWARD_COMM: ("parallel_pass", _no_widened_out_refusal),
     ac.REGIONS: ("parallel_pass", _contents_not_compared),
+    ac.OUTSIDE_USER: ("parallel_pass", _consumer_side_hooks),
     ac.CONTROL_FLOW: ("control_flow", _gradients_from_the_optimizer_inside_the_branch),
     ac.STEP_FILTER: ("step_filter", lambda p: p.setattr(TensorDumpBackend, "teardown", lambda self: None)),
     ac.SECOND_KIND: ("second_kind", lambda p: p.setattr(tensordump_backend, "check_tensordump_can_write",

@@ -6,9 +6,11 @@ TensorDump of an op completed by a forward AllReduce is re-pointed to the partia
 stands between; a user outside the pass's consumers gets no copy and its gradient is dumped nowhere;
 copies of one shard shape may hold different regions. The emulation (``RedistributedValue``,
 ``ForwardCommunication`` in tests/support/ascend_emulation.py) reproduces each on
-tests/support/parallel_pass_net.py. Capture: statistics refuse a forward float32 copy under the
-pass (its dtype is known at compile, before the graph runs), take a widened value's gradient on the
-producer side, and processing keeps copies of different contents as parts.
+tests/support/parallel_pass_net.py. Capture: every gradient hook is ``'in'`` under the pass, left on
+the producer side where the outside user's share is summed in (the whole gradient, as
+``mindspore.grad`` gives it); statistics refuse an ``'out'`` float32 copy under the pass (its dtype is
+known at compile, before the graph runs) and dump a widened ``'in'`` probe on the producer side;
+processing keeps copies of different contents as parts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 
 import mf_celldump
+from mf_celldump.capture.backends import tensordump
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
 from mf_celldump.capture.backends.tensordump import TensorDumpBackend
 from mf_celldump.errors import BackendSetupError
@@ -100,24 +103,41 @@ def test_copies_of_one_shard_shape_holding_different_regions_stay_parts(tmp_path
     assert len(forward) == 2
     for leaf, take in zip(forward, want["takes"]):
         np.testing.assert_array_equal(arrays[leaf["data_name"]], take)
-    backward = _nested(tmp_path, "Cell.regions.Regions.backward.0", "output")
-    got = sorted((arrays[leaf["data_name"]] for leaf in backward), key=lambda a: float(a.sum()))
-    for array, part in zip(got, sorted(want["parts"], key=lambda a: float(a.sum()))):
-        np.testing.assert_allclose(array, part, rtol=1e-6, atol=1e-6)
+    # the gradient is taken on the producer side: one value, the regions' shares brought back and summed
+    backward = arrays[leaves[("Cell.regions.Regions.backward.0", "output", 0)]["data_name"]]
+    np.testing.assert_allclose(backward, want["gradient"], rtol=1e-6, atol=1e-6)
     warnings = [w for outcome in report.outcomes for w in outcome.warnings]
     assert any("contents differ" in w for w in warnings), report.summary()
 
 
-def test_a_user_outside_the_pass_consumers_is_missing_from_the_recorded_gradient(tmp_path, reference):
-    """A known limit (docs/ascend-emulation.md): the pass deletes the value's gradient hook for every user and
-    copies it only for its consumers, so what is recorded is the consumers' share of the gradient."""
-    (leaves, arrays), report = capture(tmp_path, "tensordump", "all")
+def _consumer_side_hooks(mp):
+    """Put back: an 'in' probe's gradient hooked 'out' (msprobe 26.2's pairing), which the pass clones per consumer."""
+    mp.setattr(tensordump, "_hook_modes", lambda parallel: ("out", "in"))
+
+
+@pytest.mark.parametrize("backend, put_back", [("tensordump", False), ("kbk_statistics", False),
+                                               ("tensordump", True)],
+                         ids=["tensor", "statistics", "put_back_consumer_side_hook"])
+def test_a_user_outside_the_pass_consumers_adds_to_the_recorded_gradient(tmp_path, reference, backend, put_back):
+    """The pass deletes an 'out' gradient hook for every user of the value and clones it only onto the
+    parallel-care consumers (PTD HandleDumpAfterRedistributionNode), so a user outside them adds to the gradient
+    where no clone sees it. Capture hooks 'in', which the pass leaves on the producer side: the recorded gradient
+    is the whole one, as mindspore.grad gives it in PyNative without the pass. Put back, only the consumer's share
+    is recorded."""
+    (leaves, arrays), report = capture(tmp_path, backend, "all", _consumer_side_hooks if put_back else None)
+    assert report.ok, report.summary()
     want = reference["outside"]
-    got = arrays[leaves[("Cell.outside.Outside.backward.0", "output", 0)]["data_name"]]
-    np.testing.assert_allclose(got, want["parts"][0], rtol=1e-6, atol=1e-6)
-    assert not np.allclose(got, want["gradient"], rtol=1e-3)
-    np.testing.assert_array_equal(arrays[leaves[("Cell.outside.Outside.forward.0", "input", 0)]["data_name"]],
-                                  want["input"])
+    assert not np.allclose(want["parts"][0], want["gradient"], rtol=1e-3)  # the consumer's share alone differs
+    forward = leaves[("Cell.outside.Outside.forward.0", "input", 0)]
+    backward = leaves[("Cell.outside.Outside.backward.0", "output", 0)]
+    if backend == "kbk_statistics":
+        assert _stats_close(forward, want["input"], 2e-6)
+        assert _stats_close(backward, want["gradient"], 2e-6)
+        return
+    np.testing.assert_array_equal(arrays[forward["data_name"]], want["input"])
+    got = arrays[backward["data_name"]]
+    assert np.allclose(got, want["parts"][0], rtol=1e-6, atol=1e-6) is put_back
+    assert np.allclose(got, want["gradient"], rtol=1e-6, atol=1e-6) is not put_back
 
 
 def test_an_out_dump_of_an_allreduce_output_holds_the_partial_sum(tmp_path, reference):

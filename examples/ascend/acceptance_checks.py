@@ -24,7 +24,7 @@ STEP_MARKERS = "steps filter mapping (update-step marker every step)"
 EMPTY_FILTER = "empty step filter means every step"
 STEP_DONE = "step-done marker after MindSpore's files of a step"
 WRITER_RACE = "asynchronous write race (processing waits for MindSpore's writer)"
-IN_PAIRING = "'in' dumps paired with the opposite gradient hook (parallel pass '_in')"
+IN_PAIRING = "gradient hooks 'in' under the parallel pass (producer side, named '_in')"
 TD_FLAG = "td_flag on forward dumps (statistics rows named as ours)"
 VERSION = "MindSpore < 2.7 refusal"
 KBK_ITERATION = "statistics dump iteration pinned to the global step"
@@ -41,6 +41,7 @@ WIDENED_IN = "widened 'in' probes under the parallel pass (copies after the cast
 FORWARD_COMM = "widened 'out' dumps before a forward AllReduce (refused under the parallel pass)"
 EVERY_CONSUMER = "copies for every parallel-care consumer (the producer's layout too: one value)"
 REGIONS = "copies of one shard shape holding different regions (contents compared)"
+OUTSIDE_USER = "a gradient user outside the pass's consumers (its share in the recorded gradient)"
 
 
 def _line(ok: bool, defect: str, text: str) -> Check:
@@ -160,7 +161,7 @@ def check_same_values(got: Arrays, want: Arrays, step: int, rtol: float, atol: f
 
 def check_in_pairing(leaves: Leaves, arrays: Arrays, reference: Dict[tuple, np.ndarray]) -> Check:
     """Under (semi-)auto parallel: values the layer mapping dumps in 'in' mode, forward and backward, present
-    and equal to the reference (a gradient hook paired with the same mode is renamed, then lost)."""
+    and equal to the reference (a gradient hooked 'out' would be cloned onto the parallel-care consumers only)."""
     missing = [k for k in reference if k not in leaves or leaves[k].get("data_name") not in arrays]
     bad = [k for k in reference if k not in missing
            and not np.allclose(arrays[leaves[k]["data_name"]], reference[k], rtol=1e-5, atol=1e-6)]
@@ -228,15 +229,23 @@ def check_one_value_from_copies(leaves: Leaves, arrays: Arrays, cell: str, want_
 
 
 def check_regions(leaves: Leaves, arrays: Arrays, entry: str, takes: Sequence[np.ndarray]) -> Check:
-    """Copies of one shard shape from different regions: forward parts, each what its consumer took, and the
-    gradient in parts (a sum of different regions' gradients would be wrong)."""
+    """Copies of one shard shape from different regions: forward parts, each what its consumer took (taken for
+    one value, a copy would stand for a region it does not hold)."""
     forward = [leaves.get((f"{entry}.forward.0", "input", f"0.{i}"), {}).get("data_name") for i in range(len(takes))]
-    backward = [k for k in leaves if k[0] == f"{entry}.backward.0" and k[1] == "output"]
-    ok = all(n in arrays for n in forward) and all(np.array_equal(arrays[n], t) for n, t in zip(forward, takes)) \
-        and len(backward) == len(takes) and all("." in k[2] for k in backward)
-    return _line(ok, REGIONS, f"{entry}: {len(takes)} forward parts equal to what each consumer took, the gradient "
-                 f"in {len(takes)} parts (got {len([n for n in forward if n in arrays])} forward parts, backward "
-                 f"{sorted(k[2] for k in backward)})")
+    ok = all(n in arrays for n in forward) and all(np.array_equal(arrays[n], t) for n, t in zip(forward, takes))
+    return _line(ok, REGIONS, f"{entry}: {len(takes)} forward parts equal to what each consumer took (got "
+                 f"{len([n for n in forward if n in arrays])} forward parts)")
+
+
+def check_whole_gradient(leaves: Leaves, arrays: Arrays, entry: str, want: np.ndarray, defect: str) -> Check:
+    """A probed input's recorded gradient: one value, equal to the whole gradient (``mindspore.grad``), every
+    user's share included."""
+    backward = sorted(k[2] for k in leaves if k[0] == f"{entry}.backward.0" and k[1] == "output")
+    name = leaves.get((f"{entry}.backward.0", "output", "0"), {}).get("data_name")
+    close = name in arrays and arrays[name].shape == want.shape and np.allclose(arrays[name], want, rtol=1e-6,
+                                                                                 atol=1e-6)
+    return _line(close and backward == ["0"], defect, f"{entry}: the input gradient recorded once and equal to "
+                 f"mindspore.grad's (got {backward}, {'equal' if close else 'not equal'})")
 
 
 def check_refused(name: str, error: Optional[str], pattern: str, defect: str) -> Check:

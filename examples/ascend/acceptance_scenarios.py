@@ -52,6 +52,7 @@ TENSOR = {"task": "tensor", "backend": "tensordump"}
 STATISTICS = {"task": "statistics", "backend": "kbk_statistics"}
 # The emulated device: files trail the steps (latency, some written header first and data later).
 RACE = {"latency": 0.004, "slow_every": 5, "slow_seconds": 0.05}
+PROBED_SLOTS = (fmt.SLOT_ARG, fmt.SLOT_KWARG, fmt.SLOT_OUTPUT)  # a cell's values (not weights) have a gradient hook
 # How long processing waits for MindSpore's writer (None: mf_celldump's default, 600 s); the defect-injection
 # test shortens it, since a re-injected defect may leave a step that never completes.
 WAIT_S: Optional[float] = None
@@ -346,9 +347,10 @@ def _parallel_pass_run(workdir: str, name: str, config: dict, row_dtype) -> tupl
 
 def scenario_parallel_pass(workdir: str, emulate: bool) -> Checks:
     """What MindSpore's parallel pass does beyond per-consumer copies (parallel_tensordump.cc): copies after our
-    cast back, 'out' dumps re-pointed before a forward AllReduce, copies of one shape from different regions.
-    Emulated (RedistributedValue, ForwardCommunication); on NPUs the tp2 run meets them, values unchecked."""
-    labels = (ac.WIDENED_IN, ac.FORWARD_COMM, ac.REGIONS)
+    cast back, 'out' dumps re-pointed before a forward AllReduce, copies of one shape from different regions,
+    'out' gradient hooks lost for users outside the consumers. Emulated (RedistributedValue,
+    ForwardCommunication); on NPUs the tp2 run meets them, values unchecked."""
+    labels = (ac.WIDENED_IN, ac.FORWARD_COMM, ac.REGIONS, ac.OUTSIDE_USER)
     if not emulate:
         return [(True, f"{SKIP} [{label}] emulated only; on NPUs the tp2 run meets it (needs 2 NPUs)")
                 for label in labels]
@@ -359,14 +361,18 @@ def scenario_parallel_pass(workdir: str, emulate: bool) -> Checks:
     checks = []
     widened = {("Cell.widened.Widened.forward.0", "input", "0"): want["widened"]["input"],
                ("Cell.widened.Widened.backward.0", "output", "0"): want["widened"]["gradient"]}
+    outside = {("Cell.outside.Outside.backward.0", "output", "0"): want["outside"]["gradient"]}
     error, leaves, _, problems = _parallel_pass_run(workdir, "statistics", STATISTICS, ms.float32)
     checks.append(ac.check_no_problem("statistics under the parallel pass", problems + [error] * bool(error),
                                       ac.WIDENED_IN))
     checks.append(ac.check_statistics(leaves, widened, 2e-6, ac.WIDENED_IN))
+    checks.append(ac.check_statistics(leaves, outside, 2e-6, ac.OUTSIDE_USER, directions=("backward",)))
     error, leaves, arrays, problems = _parallel_pass_run(workdir, "tensor", TENSOR, ms.float32)
     checks.append(ac.check_no_problem("tensor under the parallel pass", problems + [error] * bool(error),
                                       ac.REGIONS))
     checks.append(ac.check_regions(leaves, arrays, "Cell.regions.Regions", want["regions"]["takes"]))
+    checks.append(ac.check_whole_gradient(leaves, arrays, "Cell.outside.Outside", want["outside"]["gradient"],
+                                          ac.OUTSIDE_USER))
     error, _, _, _ = _parallel_pass_run(workdir, "refused", STATISTICS, ms.bfloat16)
     checks.append(ac.check_refused("statistics of a bfloat16 AllReduce output in 'out' mode", error,
                                    "MakeOutModeDumpBeforeFwdComm", ac.FORWARD_COMM))
@@ -374,8 +380,9 @@ def scenario_parallel_pass(workdir: str, emulate: bool) -> Checks:
 
 
 def scenario_in_pairing(workdir: str, emulate: bool) -> Checks:
-    """A layer mapping's 'in' mode under (semi-)auto parallel: MindSpore names those dumps ``_in``; the forward
-    'in' dump pairs with an 'out' gradient hook (the parallel pass keeps both on the consumer side)."""
+    """A layer mapping's 'in' mode under (semi-)auto parallel: MindSpore names those dumps ``_in``; every gradient
+    hook is 'in' (named ``_in`` too), which the parallel pass leaves on the producer side, where every user's
+    share of the gradient is summed (an 'out' hook it would clone onto the consumers only)."""
     if not emulate:
         return [(True, f"{SKIP} [{ac.IN_PAIRING}] needs (semi-)auto parallel: the tp2 run covers it (2 NPUs)")]
     mapping, dump = os.path.join(workdir, "mapping.yaml"), os.path.join(workdir, "in_modes")
@@ -388,16 +395,20 @@ def scenario_in_pairing(workdir: str, emulate: bool) -> Checks:
                                 lambda: step_cell(cn.make_input()))
         device.drain()
         names = [os.path.basename(p) for p in device.emulator.written_files]
-    modes: Dict[tuple, Dict[int, bool]] = {}
+    forward_in, hooks = set(), {}  # probes dumped 'in'; a probe's gradient -> named '_in' (an 'in' hook)
     for parsed in filter(None, map(fmt.parse_raw_tensor_name, names)):
         key = parsed.key
-        modes.setdefault((key.cell_id, key.slot, key.path), {})[key.direction] = parsed.in_mode
-    same = [probe for probe, by in modes.items() if len(by) == 2 and by[fmt.FORWARD] == by[fmt.BACKWARD]]
-    forward_in = sum(1 for by in modes.values() if by.get(fmt.FORWARD))
+        probe = (key.cell_id, key.slot, key.path)
+        if key.direction == fmt.FORWARD and parsed.in_mode:
+            forward_in.add(probe)
+        elif key.direction == fmt.BACKWARD and key.kind == fmt.KIND_TENSOR and key.slot in PROBED_SLOTS:
+            hooks[probe] = parsed.in_mode
+    consumer_side = sorted(probe for probe, in_mode in hooks.items() if not in_mode)
     report = process(captured)
     return [ac.check_no_problem("in modes", report.all_problems, ac.IN_PAIRING),
-            (forward_in > 0 and not same, f"[{ac.IN_PAIRING}] {forward_in} forward dumps in 'in' mode, each with an "
-                                           f"opposite-mode gradient hook ({len(same)} paired with the same mode)")]
+            (bool(forward_in) and bool(hooks) and not consumer_side,
+             f"[{ac.IN_PAIRING}] {len(forward_in)} forward dumps in 'in' mode; every gradient hook 'in' "
+             f"({len(hooks) - len(consumer_side)} of {len(hooks)}; an 'out' one the pass clones per consumer)")]
 
 
 # -- control flow ---------------------------------------------------------------------------------------------

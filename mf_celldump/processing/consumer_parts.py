@@ -9,7 +9,11 @@ copy keeps the file name, so a call of such a probe leaves N forward files (the 
 each consumer takes it) and N gradient files (the gradient coming back from each consumer,
 in that consumer's layout, before its redistribution is undone). Only those files can be
 copies: forward files MindSpore named ``_in`` (TensorDump ``'in'``), and in a parallel step
-the gradient files it did not (DumpGradient ``'out'``, the ``'in'`` dump's partner).
+the gradient files it did not (DumpGradient ``'out'``). Capture hooks every gradient ``'in'``
+under the pass (``capture/backends/tensordump._hook_modes``): MindSpore leaves such a hook on the
+producer side, where it records the whole gradient once, so the gradient parts below come only
+from ``'out'`` hooks (msprobe 26.2's pairing, or raw data of this format captured before), whose
+sum lacks any user outside the parallel-care consumers.
 
 MindSpore 2.9 copies for EVERY parallel-care consumer (``ParallelProcessor::StepRedistribution``
 hands them all to the handler, also where ``Redistribution`` inserted no operator), so copies in

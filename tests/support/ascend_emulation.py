@@ -44,10 +44,11 @@ later files from the search index):
 Limits (see docs/capture.md and docs/ascend-emulation.md): neither the redistribution nor a
 forward AllReduce exists on one CPU, so the parallel pass's per-consumer dumps (PTD at
 v2.9.0: copies for every parallel-care consumer, on its input after any Cast; users outside
-them lose their gradient hook) are reproduced for the consumers a test declares
-(``RedistributedValue``), and its re-pointing of ``'out'`` dumps to the partial sum before a
-forward AllReduce for the op a test declares (``ForwardCommunication``); TensorDump in control flow is refused
-by counting dumps against the compiled top graph (``ControlFlowCheck``); the number format of
+them lose an ``'out'`` gradient hook, an ``'in'`` one stays on the producer side) are reproduced
+for the consumers a test declares (``RedistributedValue``), and its re-pointing of ``'out'``
+dumps to the partial sum before a forward AllReduce for the op a test declares
+(``ForwardCommunication``); TensorDump in control flow is refused by counting dumps against
+the compiled top graph (``ControlFlowCheck``); the number format of
 statistic values and whether an input-slot-0 row exists are not settled from source
 (here: ``repr`` of a float32, no slot-0 row); sink mode with sink_size > 1 is not
 emulated. Files are written in the order the host ops ran (MindSpore's channel is FIFO,
@@ -785,6 +786,9 @@ class RedistributedValue:
       from its float32 copy): its dtype is the consumer's input dtype, whatever the file name says;
     * a user outside the handler's consumers (layout ``"outside"``, e.g. the graph's return) gets no copy,
       and the original ``'out'`` hook is gone for it too: its gradient contribution is dumped nowhere;
+    * an ``'in'`` DumpGradient on the path is neither cloned nor deleted (``CollectBwdDumpHookAlongPath``
+      keeps ``'out'`` hooks only): it stays on the producer side, after autodiff has summed the
+      gradients of every user, consumers and outside users alike;
     * copies of one shard shape may cover different regions (layouts ``"half"`` and ``"upper"``: the
       lower and upper half of the last axis); nothing in the files tells them apart.
 
@@ -812,8 +816,13 @@ class RedistributedValue:
         self.stems = (forward_stem.replace("-", "."), gradient_stem.replace("-", "."))
 
     def _matches(self, launch: _Launch, direction: int) -> bool:
-        """Forward: the value's 'in' TensorDump (PPP named it ``_in.npy``); backward: its 'out' DumpGradient,
-        whose file input has no ``_in`` ('in' DumpGradients are not moved by this pass)."""
+        """Forward: the value's 'in' TensorDump (PPP named it ``_in.npy``); backward: its 'out' DumpGradient.
+
+        The launch of a DumpGradient carries its inner TensorDump's attributes (always 'out', GDO), not the
+        hook's mode; PPP ``DecorateDumpPathIfDumpOps`` has appended ``_in.npy`` to the file of every 'in'
+        DumpGradient, so a gradient launch named exactly the bound stem is an 'out' hook, the only kind
+        PTD ``CollectBwdDumpHookAlongPath`` collects (``GetDumpHookInputOutputAttr(node) != OUT_MODE``:
+        skipped). An 'in' hook is left where it is and dumps the whole gradient."""
         if self.stems is None:
             return False
         name = os.path.basename(launch.name).replace("-", ".")
@@ -891,7 +900,9 @@ class ForwardCommunication:
     after the communication replaces the op, ``MakeOutModeDumpBeforeFwdComm`` sets input 2 of every
     ``'out'`` one of them back to the op's own output: the value before the AllReduce, this rank's
     partial sum. A dump behind a Cast (a capture's float32 copy of a bfloat16 value) is not reached and
-    keeps the reduced value.
+    keeps the reduced value. ``MakeInModeBwdHookBeforeFwdComm`` likewise moves every ``'in'`` DumpGradient
+    it gathered to between the op and the communication; not modelled: the stand-in's backward passes the
+    gradient through unchanged, so a hook before it and one after it dump the same values.
 
     On one CPU there is no other rank: ``allreduce`` stands in for the sum over ``ranks`` ranks holding the
     same partial (the output is ``ranks`` times it). The test names the dump (``bind``: its forward stem);

@@ -370,15 +370,12 @@ class TensorDumpGraph(GraphFace):
         widened, float32, cast = _make_widening(self.backend.widens_low_precision), ms.float32, ops.cast
         parallel = self.backend.under_parallel_pass()
         refuse_widened = _make_parallel_widening_refusal(forward_enabled and parallel, self.backend.name)
+        hook_of_in, hook_of_out = _hook_modes(parallel)
 
         def dumped(value, head, path, use_in, wide):  # TensorDump file order gives the call
             if backward_enabled and has_gradient(head):
-                # A forward "in" dump pairs with a gradient "out" hook: MindSpore's parallel pass
-                # keeps both on the consumer side of a redistribution (PTD
-                # MakeInModeDumpAfterRedistribution / MakeOutModeDumpBwdHookAfterRedistribution),
-                # "out" with "in" on the producer side; msprobe 26.2 pairs them the same way.
                 value = grad(graph_path(prefix, head, "b", gradient_path(head, path), sep, wide), value,
-                             "out" if use_in else "in")
+                             hook_of_in if use_in else hook_of_out)
             if forward_enabled:
                 name = graph_path(prefix, head, "f", path, sep, wide)
                 if use_in:  # noqa: SIM108 - statement form: what the graph parser is known to take
@@ -392,10 +389,10 @@ class TensorDumpGraph(GraphFace):
                 wide = widened(value.dtype)
                 if wide:  # a float32 copy goes through the dumps; its gradient comes back the same way
                     refuse_widened(wide, head, use_in)
-                    # Under the parallel pass an 'in' probe of the copy is taken on the producer side ('out' dump,
-                    # 'in' hook: no handler moves them across the copy's Cast): PTD InsertNewTensorDump and
-                    # MakeOutModeDumpBwdHookAfterRedistribution would put the per-consumer clones after the
-                    # cast back, on the low-precision value under a float32 name.
+                    # Under the parallel pass an 'in' probe of the copy is dumped on the producer side too ('out'
+                    # dump, which no handler moves across the copy's Cast; its hook is 'in' anyway, _hook_modes):
+                    # PTD InsertNewTensorDump would put the per-consumer clones after the cast back, on the
+                    # low-precision value under a float32 name.
                     return cast(dumped(cast(value, float32), head, path, use_in and not parallel, wide),
                                 value.dtype)
                 return dumped(value, head, path, use_in, wide)
@@ -493,6 +490,26 @@ def _make_graph_path():
         return prefix + raw_stem(key, sep, widened_from or None)
 
     return graph_path
+
+
+def _hook_modes(parallel: bool) -> Tuple[str, str]:
+    """The DumpGradient mode of an ``'in'`` probe's gradient hook and of an ``'out'`` probe's.
+
+    Only MindSpore's parallel pass reads the mode (PTD; DumpGradient's bprop dumps the same
+    way in either). Under it an ``'out'`` hook is deleted for every user of the value
+    (``HandleDumpAfterRedistributionNode``: ``fg_manager->Replace(hook_cnode, hook_prenode)``)
+    and cloned only onto the parallel-care consumers' inputs
+    (``MakeOutModeDumpBwdHookAfterRedistribution``): each clone records one consumer's share, and
+    a user outside ``next_nodes`` (a value returned as it is, a node with no operator info) adds
+    to the gradient where nothing records it. An ``'in'`` hook is left on the producer side
+    (``CollectBwdDumpHookAlongPath`` takes ``'out'`` hooks only), where autodiff has summed every
+    user's contribution, each consumer's brought back to the producer's layout: the complete
+    gradient, one file, in the producer's layout (``DecorateDumpPathIfDumpOps`` names it ``_in``).
+    When the value is the output of an op completed by a forward AllReduce/ReduceScatter,
+    ``MakeInModeBwdHookBeforeFwdComm`` moves an ``'in'`` hook before the communication, where a
+    cell's ``'out'`` probe records its gradient too. Without the pass the mode changes nothing:
+    the pairing is msprobe 26.2's (forward ``'in'`` with gradient ``'out'``, ``'out'`` with ``'in'``)."""
+    return ("in", "in") if parallel else ("out", "in")
 
 
 def _make_parallel_widening_refusal(enabled: bool, backend: str):
