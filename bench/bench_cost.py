@@ -180,15 +180,17 @@ def _watched_network(args, watch: bool, workdir: str):
 
 
 def _watched_step(side, batch) -> float:
-    """One step as ``Model.train`` runs it with the callback (cur_step_num counted before the step begins)."""
+    """One step as ``Model._train_process`` runs it with the callback (MindSpore 2.9, ``train/model.py``): the
+    step count and the batch set before the step begins, the outputs before it ends."""
     params, context, callback = side["params"], side["context"], side["callback"]
     t0 = time.perf_counter()
     params["cur_step_num"] += 1
+    params["train_dataset_element"] = [batch]
     callback.on_train_step_begin(context)
     outputs = side["train"](batch)
     float(outputs[0].asnumpy())
     bc._sync()
-    params["net_outputs"], params["train_dataset_element"] = outputs, [batch]
+    params["net_outputs"] = outputs
     callback.on_train_step_end(context)
     return (time.perf_counter() - t0) * 1000.0
 
