@@ -255,7 +255,7 @@ def watch_worker(args) -> dict:
     for side in sides.values():
         side["callback"].on_train_end(side["context"])
     return {"config": "watch", "mode": args.mode, "task": args.task, **_watch_fields(got),
-            "fired": fired, "captured_steps": list(watch_run.summary.captured_steps),
+            "fired": fired, "captured_steps": list(watch_run.watching.captured),
             "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg()}
 
 
