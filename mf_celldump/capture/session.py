@@ -36,6 +36,7 @@ from mf_celldump.capture.micro_batches import detect as detect_micro_batches
 from mf_celldump.capture.parallel_layout import parallel_layout
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
+from mf_celldump.capture.recompute import recompute_problem
 from mf_celldump.capture.run_identity import DumpInUseError, claim
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
@@ -207,6 +208,10 @@ class CellDump:
         self.cells = select_cells(self.model, self.config)
         for text in selection_warnings(self.model, self.config, self.cells):
             logger.warning("%s", text)
+        problem = recompute_problem(self.model, self.cells, graph_mode)
+        if problem:
+            self.detach()
+            raise AttachError(problem)
         self._claim_dump_path()
         self.writer = RawWriter(self.dump_path, self.rank, self.run_id)
         context = BackendContext(self.config, self.runtime, self.writer, self.device, self._primitives,
