@@ -1,45 +1,20 @@
 """Cells under ``Cell.recompute()`` (MindFormers' full recompute) in both modes.
 
 MindSpore runs a recomputed cell's forward again during backward, which would run our capture ops a
-second time: an extra forward call per cell and gradients filed under it. Attach refuses such a
-selection with a message naming the cells and the workaround, and a selection that leaves them out
-dumps the other cells as it would without recompute.
+second time: an extra forward call per cell and gradients filed under it. Graph mode with the host
+backend keeps its capture ops out of the recomputed forward, so the dump equals the dump without
+recompute; where that is not done (PyNative, the other graph backends) attach refuses with a message
+naming the cells and the workaround, and a selection that leaves them out dumps the other cells as
+it would without recompute.
 """
 
+import numpy as np
 import pytest
 
 import mf_celldump
 from mf_celldump.capture.session import AttachError, find_attached
 from tests.support import capture_net as cn
 from tests.support.rawread import raw_steps, read_step
-
-MODES = ["graph", "pynative"]
-
-
-def _recomputed_train(mode):
-    """The capture net with ``split`` (and so ``split.proj``) under recompute, in its training wrapper."""
-    cn.set_mode(mode)
-    net = cn.make_net()
-    net.split.recompute()
-    return net, cn.train_one_step_cell(net)
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_attach_refuses_cells_under_recompute_and_says_how_to_dump(tmp_path, mode):
-    net, train = _recomputed_train(mode)
-    plain_construct = net.split.construct
-    with pytest.raises(AttachError) as caught:
-        mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "statistics", "steps": "0"})
-    message = str(caught.value)
-    assert "2 selected cells run under recompute ('split', 'split.proj'" in message
-    assert "recompute() was called on 'split'" in message
-    assert ("graph mode" if mode == "graph" else "PyNative") in message
-    assert "second forward call" in message
-    assert "Turn recompute off for the dumped run" in message and "recompute: false" in message
-    # nothing stays attached: the cells are as built and the network trains
-    assert find_attached(train) is None
-    assert net.split.construct == plain_construct
-    assert train(cn.make_input()).asnumpy().shape == ()
 
 
 def _step_records(dump_path):
@@ -53,25 +28,70 @@ def _step_records(dump_path):
     return out
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_leaving_recomputed_cells_out_dumps_the_rest_as_without_recompute(tmp_path, mode):
+def _dump_one_step(mode, config, recompute):
+    """Step 0 of the capture net, ``split`` (and so ``split.proj``) under recompute or not; its records."""
+    cn.set_mode(mode)
+    net = cn.make_net()
+    if recompute:
+        net.split.recompute()
+    train = cn.train_one_step_cell(net)
+    dump = mf_celldump.attach(train, config)
+    dump.begin_step(0)
+    loss = train(cn.make_input()).asnumpy()
+    dump.end_step()
+    dump.detach()
+    return loss, _step_records(config["dump_path"])
+
+
+def _assert_same_dump(with_recompute, without):
+    assert with_recompute.keys() == without.keys()
+    for key, value in without.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(with_recompute[key], value, err_msg=str(key))
+        else:
+            assert with_recompute[key] == value, key
+
+
+@pytest.mark.parametrize("task", ["tensor", "statistics"])
+def test_graph_host_dump_under_recompute_equals_the_dump_without(tmp_path, task):
+    config = {"task": task, "steps": "0", "backend": "host"}
+    loss_on, on = _dump_one_step("graph", {**config, "dump_path": str(tmp_path / "on")}, True)
+    loss_off, off = _dump_one_step("graph", {**config, "dump_path": str(tmp_path / "off")}, False)
+    np.testing.assert_array_equal(loss_on, loss_off)
+    # one forward call of the recomputed cells, their gradients under it
+    assert {key[4] for key in on if key[0].startswith("split")} == {0}
+    assert ("split.proj", "backward", "g", (0,), 0) in on and ("split", "backward", "o", (0,), 0) in on
+    _assert_same_dump(on, off)
+
+
+@pytest.mark.parametrize("mode, backend", [("pynative", None), ("graph", "tensordump")])
+def test_attach_refuses_cells_under_recompute_and_says_how_to_dump(tmp_path, mode, backend):
+    cn.set_mode(mode)
+    net = cn.make_net()
+    net.split.recompute()
+    train = cn.train_one_step_cell(net)
+    plain_construct = net.split.construct
+    config = {"dump_path": str(tmp_path), "task": "statistics", "steps": "0"}
+    if backend:
+        config["backend"] = backend
+    with pytest.raises(AttachError) as caught:
+        mf_celldump.attach(train, config)
+    message = str(caught.value)
+    assert "2 selected cells run under recompute ('split', 'split.proj'" in message
+    assert "recompute() was called on 'split'" in message
+    assert ("graph mode the tensordump backend's capture ops" if mode == "graph" else "PyNative") in message
+    assert "second forward call" in message
+    assert "Turn recompute off for the dumped run" in message and "recompute: false" in message
+    # nothing stays attached: the cells are as built and the network trains
+    assert find_attached(train) is None
+    assert net.split.construct == plain_construct
+    assert train(cn.make_input()).asnumpy().shape == ()
+
+
+def test_pynative_dump_leaving_recomputed_cells_out_equals_the_dump_without_recompute(tmp_path):
     config = {"task": "statistics", "steps": "0", "exclude": ["split", "split.*"]}
-    dumps = {}
-    for recompute in (False, True):
-        cn.set_mode(mode)
-        net = cn.make_net()
-        if recompute:
-            net.split.recompute()
-        train = cn.train_one_step_cell(net)
-        path = str(tmp_path / str(recompute))
-        dump = mf_celldump.attach(train, {**config, "dump_path": path})
-        dump.begin_step(0)
-        train(cn.make_input())
-        dump.end_step()
-        dump.detach()
-        dumps[recompute] = _step_records(path)
-    assert not any(key[0].startswith("split") for key in dumps[False])
-    assert {key[1] for key in dumps[False]} == {"forward", "backward"}
-    assert dumps[True].keys() == dumps[False].keys()
-    for key, value in dumps[False].items():
-        assert repr(dumps[True][key]) == repr(value), key
+    _, on = _dump_one_step("pynative", {**config, "dump_path": str(tmp_path / "on")}, True)
+    _, off = _dump_one_step("pynative", {**config, "dump_path": str(tmp_path / "off")}, False)
+    assert not any(key[0].startswith("split") for key in off)
+    assert {key[1] for key in off} == {"forward", "backward"}
+    _assert_same_dump(on, off)

@@ -1,12 +1,17 @@
-"""Cells under recompute: refused at attach, because their recomputed forward would be captured again.
+"""Cells under recompute: captured once per call where the backend allows it, else refused at attach.
 
 ``Cell.recompute()`` (what MindFormers' ``recompute_config: {recompute: true}`` calls on every decoder
 layer, ``LayerSetting.set_recompute``) makes MindSpore run the cell's forward a second time during
-the backward pass. Our capture ops sit inside that forward, so they run again: in graph mode the
-recompute pass clones them with the rest of the cell, in PyNative the cell's construct (and the
-wrapped constructs of its sub-cells) is called again by the recompute function. The dump would then
-hold a second forward call per cell and file the gradients under it (bench/recompute_check.py
-measured it), so attach refuses such a selection rather than write a wrong dump.
+the backward pass. Our capture ops sit inside that forward, so unless they are kept out they run
+again: an extra forward call per cell and its gradients filed under it (bench/recompute_check.py).
+
+- Graph mode: the recompute pass clones the recomputed cell's forward nodes into the backward pass;
+  a primitive's own ``recompute`` attribute wins over its cell's (``Cell.recompute`` docstring,
+  ``mindspore/nn/cell.py``, 2.9), so a backend that marks its capture ops ``recompute(False)``
+  (``CaptureBackend.graph_recompute_safe``: the host backend) records each call once.
+- PyNative: ``_RecomputeCell.bprop`` (``mindspore/common/recompute.py``, 2.9) runs the cell under
+  ``GradOperation`` again during backward, calling the wrapped constructs of its sub-cells a second
+  time; nothing marks that second run for us, so attach refuses.
 
 How a cell is known to be under recompute (``mindspore/nn/cell.py``, 2.9): ``Cell.recompute`` sets
 ``_recompute_cell`` on the cell it is called on, and ``Cell._recompute`` sets
@@ -15,10 +20,9 @@ How a cell is known to be under recompute (``mindspore/nn/cell.py``, 2.9): ``Cel
 
 from __future__ import annotations
 
-import logging
 from typing import List, Optional, Sequence
 
-logger = logging.getLogger(__name__)
+from mf_celldump.capture.backends import backend_classes
 
 _SHOWN = 3  # cell names quoted in the message
 
@@ -29,25 +33,30 @@ def _recomputed_roots(model) -> List[str]:
             if getattr(cell, "_recompute_cell", None) is not None]
 
 
-def _under_recompute(cell) -> bool:
+def under_recompute(cell) -> bool:
     """True when MindSpore would run ``cell``'s forward again in the backward pass."""
     return bool(getattr(cell, "_has_config_recompute", False)) or getattr(cell, "_recompute_cell", None) is not None
 
 
-def recompute_problem(model, cells: Sequence, graph_mode: bool) -> Optional[str]:
-    """The refusal for selected ``cells`` (``SelectedCell``) that run under recompute, or None."""
-    hit = [selected.name for selected in cells if _under_recompute(selected.cell)]
-    if not hit:
+def _quoted(names: Sequence[str]) -> str:
+    shown = ", ".join(repr(name) for name in names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def recompute_problem(model, cells: Sequence, graph_mode: bool, backend: str) -> Optional[str]:
+    """The refusal for selected ``cells`` (``SelectedCell``) that run under recompute, or None when there
+    are none or the ``backend`` keeps its graph-mode capture ops out of the recomputed forward."""
+    hit = [selected.name for selected in cells if under_recompute(selected.cell)]
+    if not hit or (graph_mode and backend_classes()[backend].graph_recompute_safe):
         return None
-    roots = _recomputed_roots(model)
+    if graph_mode:
+        how = (f"the {backend} backend's capture ops are cloned into the backward pass by MindSpore's recompute "
+               "pass (the host backend keeps them out: backend: host)")
+    else:
+        how = "Cell.recompute runs the cell's construct again during backward"
     mode = "graph mode" if graph_mode else "PyNative"
-    how = ("the recompute pass clones the cell's capture ops into the backward pass" if graph_mode
-           else "Cell.recompute runs the cell's construct again during backward")
-    shown = ", ".join(repr(name) for name in hit[:_SHOWN]) + (f" and {len(hit) - _SHOWN} more" if len(hit) > _SHOWN
-                                                              else "")
-    set_on = ", ".join(repr(name) for name in roots[:_SHOWN]) + (", ..." if len(roots) > _SHOWN else "")
-    return (f"{len(hit)} selected cells run under recompute ({shown}; recompute() was called on "
-            f"{set_on or 'a cell above them'}): in {mode} {how}, so the dump would record a second forward call "
-            f"per cell and file its gradients under it. Turn recompute off for the dumped run (MindFormers: "
-            f"recompute_config: {{recompute: false}}; or do not call cell.recompute()), or leave these cells out "
-            f"of the selection with exclude")
+    return (f"{len(hit)} selected cells run under recompute ({_quoted(hit)}; recompute() was called on "
+            f"{_quoted(_recomputed_roots(model)) or 'a cell above them'}): in {mode} {how}, "
+            "so the dump would record a second forward call per cell and file its gradients under it. "
+            "Turn recompute off for the dumped run (MindFormers: recompute_config: {recompute: false}; or do not "
+            "call cell.recompute()), or leave these cells out of the selection with exclude")

@@ -208,7 +208,7 @@ class CellDump:
         self.cells = select_cells(self.model, self.config)
         for text in selection_warnings(self.model, self.config, self.cells):
             logger.warning("%s", text)
-        problem = recompute_problem(self.model, self.cells, graph_mode)
+        problem = recompute_problem(self.model, self.cells, graph_mode, choice.name)
         if problem:
             self.detach()
             raise AttachError(problem)

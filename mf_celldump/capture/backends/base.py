@@ -198,6 +198,9 @@ class CaptureBackend:
     the faces they have and the lifecycle hooks they need (like accelerate's ``ModelHook``)."""
 
     name: ClassVar[str]
+    # True when the backend's graph-mode capture ops are kept out of MindSpore's recompute pass, so a cell
+    # under ``Cell.recompute()`` records each call once (``capture/recompute.py``); else attach refuses it.
+    graph_recompute_safe: ClassVar[bool] = False
 
     def __init__(self, context: BackendContext):
         self.context = context

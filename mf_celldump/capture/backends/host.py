@@ -183,6 +183,7 @@ class HostBackend(CaptureBackend):
     """Captures through identity pyfunc ops; both faces share the probe ops."""
 
     name = "host"
+    graph_recompute_safe = True  # every capture op is marked recompute=False (``_keep_out_of_recompute``)
     # Graph mode, statistics task: True reduces float tensors inside the graph (graph_statistics), False
     # hands every tensor to the host op. None: inside the graph on a device, on the host on CPU, where
     # device memory is host memory and MindSpore's CPU reduction kernels cost more than numpy on the
@@ -221,9 +222,30 @@ class HostBackend(CaptureBackend):
         # (key bytes, direction, call) -> the probe key it decodes to (None: not recorded). Bounded by the
         # compiled probes times the calls of a step; decoding costs ~7 µs a value, a look-up ~0.2.
         self._decoded: Dict[tuple, Optional[ProbeKey]] = {}
+        self._keep_out_of_recompute()
         # Capture ops whose Python body ran, selected step or not (the call counter included): in graph
         # mode an unselected step runs a graph without them and leaves this unchanged (graph_switch).
         self.ops_run = 0
+
+    def _keep_out_of_recompute(self) -> None:
+        """Mark every capture op ``recompute=False``, so a cell under ``Cell.recompute()`` records each call once.
+
+        Graph mode: ``Cell.recompute()`` gives the cell's nodes the recompute scope, and MindSpore's
+        recompute pass clones the recomputed forward nodes into the backward pass; our probes (and the
+        call counter) were cloned with them, recording a second forward call per cell and its gradients
+        under it (bench/recompute_check.py). A primitive's own ``recompute`` attribute wins over its
+        cell's (``Cell.recompute`` and ``Primitive.recompute`` docstrings, ``mindspore/nn/cell.py`` and
+        ``mindspore/ops/primitive.py``, 2.9), so these ops stay in the forward pass and their outputs are
+        kept instead of recomputed; measured equal to the dump without recompute
+        (tests/test_recompute_capture.py). PyNative recomputes by running the construct again and is
+        refused at attach instead (``capture/recompute.py``).
+        """
+        ops_ = [self.call_op, self.probe_op, self.grad_op, self.input_probe_op, self.value_op, self.null_op,
+                self.record_op]
+        if self.reduces_in_graph:
+            ops_ += [self.reduced_forward_op, self.reduced_backward_op, self.reduced_tap_op]
+        for op in ops_:
+            op.recompute(False)
 
     def _make_probe_ops(self, forward_enabled: bool, backward_enabled: bool) -> None:
         """The call counter (graph mode), and the probes ``(x, key, call)``: ``call`` is the counter's
