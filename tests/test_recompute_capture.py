@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mf_celldump
-from mf_celldump.capture.session import AttachError, find_attached
+from mf_celldump.capture.session import AttachError, StepError, find_attached
 from tests.support import capture_net as cn
 from tests.support.rawread import raw_steps, read_step
 
@@ -95,3 +95,17 @@ def test_pynative_dump_leaving_recomputed_cells_out_equals_the_dump_without_reco
     assert not any(key[0].startswith("split") for key in off)
     assert {key[1] for key in off} == {"forward", "backward"}
     _assert_same_dump(on, off)
+
+
+def test_pynative_recompute_set_after_attach_refuses_the_selected_step(tmp_path):
+    cn.set_mode("pynative")
+    net = cn.make_net()
+    train = cn.train_one_step_cell(net)
+    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "statistics", "steps": "1"})
+    net.split.recompute()
+    dump.begin_step(0)  # not selected: runs as usual
+    train(cn.make_input())
+    with pytest.raises(StepError, match=r"step 1 is not captured: 2 selected cells run under recompute "
+                                        r"\('split', 'split.proj'.*Turn recompute off"):
+        dump.begin_step(1)
+    dump.detach()

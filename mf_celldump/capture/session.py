@@ -400,6 +400,10 @@ class CellDump:
                               "capture more steps")
         ended = self.end_step()
         selected = self.attached and self.step_selected(step)
+        if selected and self.backend is not None:  # recompute() may have been called after attach
+            problem = recompute_problem(self.model, self.cells, self.graph_mode, self.backend.name)
+            if problem:
+                raise StepError(f"step {step} is not captured: {problem}")
         if selected and not self.writes_later:
             self.writer.prepare_step(step)
         self.runtime.start_step(step, selected)
