@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import mf_celldump
+from mf_celldump.capture.backends.host import HostBackend
 from mf_celldump.capture.session import AttachError, StepError, find_attached
 from tests.support import capture_net as cn
 from tests.support.rawread import raw_steps, read_step
@@ -52,8 +53,10 @@ def _assert_same_dump(with_recompute, without):
             assert with_recompute[key] == value, key
 
 
-@pytest.mark.parametrize("task", ["tensor", "statistics"])
-def test_graph_host_dump_under_recompute_equals_the_dump_without(tmp_path, task):
+@pytest.mark.parametrize("task, in_graph", [("tensor", None), ("statistics", None), ("statistics", True)])
+def test_graph_host_dump_under_recompute_equals_the_dump_without(tmp_path, monkeypatch, task, in_graph):
+    """``in_graph``: statistics reduced inside the graph (as on a device) rather than by the host op."""
+    monkeypatch.setattr(HostBackend, "reduce_in_graph", in_graph)
     config = {"task": task, "steps": "0", "backend": "host"}
     loss_on, on = _dump_one_step("graph", {**config, "dump_path": str(tmp_path / "on")}, True)
     loss_off, off = _dump_one_step("graph", {**config, "dump_path": str(tmp_path / "off")}, False)
