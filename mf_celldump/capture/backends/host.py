@@ -245,7 +245,9 @@ class HostBackend(CaptureBackend):
         if self.reduces_in_graph:
             ops_ += [self.reduced_forward_op, self.reduced_backward_op, self.reduced_tap_op]
         for op in ops_:
-            op.recompute(False)
+            # What Primitive.recompute(False) sets; called directly because some MindSpore releases'
+            # recompute() raises TypeError in PyNative mode, where this backend is built too.
+            op.add_prim_attr("recompute", False)
 
     def _make_probe_ops(self, forward_enabled: bool, backward_enabled: bool) -> None:
         """The call counter (graph mode), and the probes ``(x, key, call)``: ``call`` is the counter's
