@@ -209,13 +209,14 @@ class StepWatch:
         if not everywhere:
             return None, table
         first = everywhere[0]
+        chosen = fired[0] if first.rank == self.ranks.rank else first  # this rank's own, with its full value
         if self.first_across_ranks is None:
-            self.first_across_ranks = fired[0] if first.rank == self.ranks.rank else first
+            self.first_across_ranks = chosen
         if not fired:
             logger.warning("mf_celldump watch: step %d rank %d: rule %s fired on %s (value %s); every rank acts "
                            "on it", step, self.ranks.rank, first.rule,
                            ranks_text(sorted({f.rank for f in everywhere})), first.value)
-        return (fired[0] if first.rank == self.ranks.rank else first), table
+        return chosen, table
 
     def _act(self, dump, firing: Firing, signals: StepSignals, rerun, table, on_ended) -> None:
         """Rerun the firing step (its update was skipped), or capture the next one, within the bounds."""
