@@ -39,6 +39,11 @@ interval (``plain_median_ms``, ``unselected_median_ms``, ``selected_median_ms``)
 average is recorded at each worker's start and end. The old ratio, selected / unselected of
 the attached network (``interleaved_ratio_95ci``), stays as a breakdown column: in graph mode
 before the unselected step ran without capture ops, it hid what attaching cost.
+``--unselected-pairs N`` adds, after the rounds, N adjacent pairs of a plain step and an unselected step
+far from any selected one, in ABBA order, with their paired ratio (``unselected_run`` in the result).
+Both of these unselected ratios carry the build order: the plain network is built and compiled first,
+and in one process the first network runs faster (1-5% in graph mode). ``bench/unselected_cost.py``
+crosses the order over two processes and is the measure of what an unselected step costs.
 mf_celldump workers time the step-path pieces (``_Timers``: backend faces, gradient
 hooks, the writer and its thread, ``end_step``) per captured step: the breakdown.
 A step's time covers everything the capture adds around it:
@@ -506,6 +511,49 @@ def _what_users_pay(plain, unselected, selected) -> dict:
     return fields
 
 
+def _unselected_run(pairs: int, plain, train, batches, capture, dump_path) -> dict:
+    """``pairs`` pairs of steps with no selected step anywhere near: the plain network and the attached
+    network on an unselected step, adjacent, in ABBA order (plain first in even pairs, attached first in odd
+    ones) so that neither side always follows the other.
+
+    The rounds before it put a selected step right before each plain one, and at the large size the writer
+    thread is still writing that step's files when the plain step runs (the plain step is slowed, the
+    unselected ratio flattered). Here the raw files are flushed to disk first (``os.sync``) and the step
+    numbers are far past every selected one, as the 99,997 unselected steps of a long run are. The ratio is
+    paired: the median of each pair's attached / plain, with its bootstrap interval, so that the load's
+    drift over minutes, which moves both steps of a pair alike, does not widen it."""
+    import numpy as np
+
+    if pairs <= 0:
+        return {}
+    os.sync()
+    time.sleep(2.0)  # the writer thread's last files, and the kernel's writeback of them
+    nocap = _NoCapture()
+    far = 10**6  # no selected step is near: the selection lists stop at a few hundred
+    plain_ms, attached_ms = [], []
+    for i in range(pairs):
+        step = far + i
+        order = ((plain, nocap, plain_ms), (train, capture, attached_ms))
+        for net, cap, out in order if i % 2 == 0 else order[::-1]:
+            out += _timed_steps(net, batches, cap, step, 1, None, True)[0]
+    ratios = np.asarray(attached_ms) / np.asarray(plain_ms)
+    rng = np.random.default_rng(0)
+    boot = np.median(ratios[rng.integers(0, len(ratios), (2000, len(ratios)))], axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {
+        "pairs": pairs,
+        "plain_ms": plain_ms,
+        "unselected_ms": attached_ms,
+        "plain_median_ms": float(np.median(plain_ms)),
+        "unselected_median_ms": float(np.median(attached_ms)),
+        "paired_ratio": float(np.median(ratios)),
+        "paired_ratio_95ci": (float(low), float(high)),
+        "ratio_of_medians": float(np.median(attached_ms) / np.median(plain_ms)),
+        "ratio_of_medians_95ci": _ratio_interval(attached_ms, plain_ms),
+        "loadavg_end": os.getloadavg(),
+    }
+
+
 def worker(args) -> dict:
     """PyNative: a plain network and an attached one built from the same seed, in one process, measured in
     rounds (``_rounds``); msprobe's workers have no unselected step (every step of theirs is captured)."""
@@ -526,6 +574,7 @@ def worker(args) -> dict:
     if name == "baseline":  # the plain network against itself: what noise alone gives
         capture, train = _NoCapture(), plain
     got = _rounds(args, plain, train, batches, capture, step + 1, timers, dump)
+    far = _unselected_run(args.unselected_pairs, plain, train, batches, capture, dump) if timers else {}
     capture.close()
     if timers is not None:
         timers.restore()
@@ -552,6 +601,7 @@ def worker(args) -> dict:
         "interleaved_uncaptured_median_ms": stats_mod.median(interleaved) if interleaved else None,
         "breakdown": _median_breakdown(got["breakdown"]),
         "interleaved_ratio_95ci": _ratio_interval(times, interleaved),
+        "unselected_run": far,
     }
     if isinstance(capture, _MsprobeCapture):
         result["msprobe_patch"] = capture.patch
@@ -597,6 +647,7 @@ def graph_worker(args) -> dict:
         for total, part in zip((times, files, nbytes, losses), one):
             total += part
         step += 2
+    far = _unselected_run(args.unselected_pairs, plain, train, batches, capture, dump_path)
     capture.close()
     timers.restore()
     files, nbytes = _raw_step_sizes(dump_path)
@@ -625,6 +676,7 @@ def graph_worker(args) -> dict:
         "loadavg_end": os.getloadavg(),
         "captured_per_step": _composition(dump_path),
         "breakdown": _median_breakdown(breakdown),
+        "unselected_run": far,
         "first_steps_s": {"plain (compile + warm-up)": compile_plain_s,
                           "captured (compile + 1 uncaptured + 1 captured)": compile_captured_s},
     }
@@ -967,6 +1019,8 @@ def _run_worker(name: str, args) -> dict:
         str(args.steps),
         "--warmup",
         str(args.warmup),
+        "--unselected-pairs",
+        str(args.unselected_pairs),
         "--seed",
         str(args.seed),
         "--size",
@@ -1109,6 +1163,24 @@ def _floor_text(results) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def _unselected_text(results) -> str:
+    """The unselected-only run of each configuration that has one: the paired ratio and its interval."""
+    rows = [r for r in results if (r.get("unselected_run") or {}).get("pairs")]
+    if not rows:
+        return ""
+    lines = ["unselected steps far from any selected one, paired with plain steps (ABBA order):", "",
+             "| configuration | pairs | plain ms | unselected ms | unselected / plain, paired (95%) "
+             "| ratio of medians (95%) | load avg end |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for res in rows:
+        run = res["unselected_run"]
+        lines.append(
+            f"| {res['config']} | {run['pairs']} | {run['plain_median_ms']:.1f} | {run['unselected_median_ms']:.1f} "
+            f"| {_ratio_text(run['paired_ratio'], run['paired_ratio_95ci'])} "
+            f"| {_ratio_text(run['ratio_of_medians'], run['ratio_of_medians_95ci'])} "
+            f"| {run['loadavg_end'][0]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _breakdown_text(results) -> str:
     """Per configuration: median ms per captured step inside each timed piece (nested pieces overlap)."""
     parts = []
@@ -1178,6 +1250,7 @@ def driver(args) -> int:
             "",
             table,
             "",
+            _unselected_text(results),
             _breakdown_text(results),
             _floor_text(results),
             "captured per step (mf_celldump): "
@@ -1207,6 +1280,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30,
                         help="rounds per configuration, each one plain, one unselected and one selected step "
                              "(the samples per side; lower it only for quick runs)")
+    parser.add_argument("--unselected-pairs", type=int, default=0,
+                        help="after the rounds, this many adjacent pairs (plain step, unselected step of the "
+                             "attached network; ABBA order) far from any selected step: the paired "
+                             "unselected / plain ratio (mf_celldump workers; 0: none)")
     parser.add_argument("--warmup", type=int, default=2, help="uncaptured warm-up steps (excluded)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny",

@@ -34,6 +34,16 @@ def _prose(path: str) -> str:
     return re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
 
 
+README_MAX_LINES = 250  # what a newcomer reads before docs/ takes over
+
+
+def test_the_readme_stays_short_enough_for_a_first_read():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it at most {README_MAX_LINES} and move detail to docs/")
+
+
 def test_every_relative_link_in_the_readme_and_docs_resolves():
     broken = []
     for path in _documents():
