@@ -115,21 +115,28 @@ def test_graph_first_call_in_a_selected_step_is_captured_and_later_unselected_st
     assert sorted(raw_steps(tmp_path / "dump")[1]) == [0, 3]
 
 
-def test_pynative_parameter_hooks_exist_only_during_selected_steps(tmp_path):
+def test_pynative_parameter_hooks_stay_from_attach_to_detach_and_record_only_selected_steps(tmp_path):
+    # Hooks registered per step would move MindSpore's hook version, part of every jit compile key: the
+    # jit-compiled optimizer would be compiled again, and kept, at each selected step.
+    from mindspore.common.hook_handle import _hook_version
+
     train = _train_cell(ms.PYNATIVE_MODE)
-    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path / "dump"), "steps": "1"})
+    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path / "dump"), "steps": "1,2"})
+    version = _hook_version()
     hooked = []
-    for step, x in enumerate(_batches()[:3]):
+    for step, x in enumerate(_batches()[:4]):
         dump.begin_step(step)
-        hooked.append(len(dump._parameters.hook_handles))
         train(x)
         dump.end_step()
         hooked.append(len(dump._parameters.hook_handles))
+    assert hooked == [4, 4, 4, 4]  # two Dense cells, weight and bias each
+    assert _hook_version() == version
     dump.detach()
-    assert hooked == [0, 0, 4, 0, 0, 0]  # two Dense cells, weight and bias each
+    assert _hook_version() != version and not dump._parameters.hook_handles
     manifest, steps = raw_steps(tmp_path / "dump")
-    assert sorted(steps) == [1]
-    assert any(key[2] == "g" for key in read_step(steps[1], manifest))  # the hooks recorded the weight gradients
+    assert sorted(steps) == [1, 2]
+    for step in (1, 2):  # the hooks recorded the weight gradients of the selected steps only
+        assert sum(key[2] == "g" for key in read_step(steps[step], manifest)) == 4
 
 
 def test_select_step_on_a_detached_dump_says_to_attach_again(tmp_path):

@@ -133,16 +133,20 @@ class ParameterCapture:
     def capture_gradients(self, network, graph_mode: bool, gradient_probe: Optional[GradientProbe],
                           in_control_flow: bool = True, plain: Optional[Callable] = None) -> None:
         """Hook the parameters, in both modes: each gradient as autodiff gives it, before any training wrapper
-        reduces, unscales or clips it. PyNative: hooked for each captured step only (``hook_step``), so an
-        unselected step's backward calls no Python hook. Graph mode: the hook is compiled into the backward
-        graph, and ``plain`` (``graph_switch``'s constexpr) leaves it out of the graph without capture ops;
+        reduces, unscales or clips it. PyNative: hooked from attach to detach; in an unselected step each hook
+        hands the gradient back untouched. Hooking per captured step instead would move MindSpore's hook
+        version, which every ``jit`` compile key holds (``_CellGraphExecutor.compile``/``_JitExecutor``,
+        ``mindspore/graph/api.py`` 2.9): a jit-compiled optimizer (``AdamWeightDecay``) was compiled again at
+        every selected step and each copy kept (+10 MB per selected step, tiny LLaMA). Graph mode: the hook is
+        compiled into the backward graph, and ``plain`` (``graph_switch``'s constexpr) leaves it out of the
+        graph without capture ops;
         where a MindSpore cannot compile a parameter hook, the optimizer's input is recorded instead (not
         where a wrapper calls the optimizer under a run-time condition, when the probes may not run in
         control flow). ``gradient_point`` says which was recorded."""
         if not (self.config.captures_weight_gradients and self.owners):
             return
         if not graph_mode:
-            self.gradient_point = AUTODIFF
+            self.hook_parameters()
             return
         if gradient_probe is None:
             logger.warning("this capture backend records no gradient in graph mode outside a cell: "
@@ -157,11 +161,6 @@ class ParameterCapture:
                            "optimizer's input is recorded instead (after the training wrapper's reduction, "
                            "loss-scale division and clipping; dump.json says so)", str(err).splitlines()[0])
             self.wrap_optimizer(network, gradient_probe, in_control_flow, plain)
-
-    def hook_step(self) -> None:
-        """PyNative, a captured step begins: hook the parameters until ``unhook`` (its end)."""
-        if self.config.captures_weight_gradients and self.owners and not self.hook_handles:
-            self.hook_parameters()
 
     def unhook(self) -> None:
         for handle in self.hook_handles:

@@ -410,8 +410,6 @@ class CellDump:
         self._running = step
         if self.switch is not None:
             self.switch.select(self.runtime.active)
-        elif self._parameters is not None and self.runtime.active:
-            self._parameters.hook_step()
         if self.attached and self.backend is not None and self.backend.begin_step(step, self.runtime.active):
             self.writer.write_manifest(self._manifest(self.graph_mode))
         if self._parameters is not None and self.runtime.active:
@@ -429,8 +427,6 @@ class CellDump:
             return None
         step, captured = self._running, self.runtime.active
         if self._parameters is not None and captured:
-            if self.switch is None:  # PyNative's per-step hooks; graph mode's are compiled in for the run
-                self._parameters.unhook()
             self._parameters.flush()
         if self.backend is not None and self.attached:
             self.backend.end_step(step, captured)
@@ -460,8 +456,6 @@ class CellDump:
             return None
         step, captured = self._running, self.runtime.active
         if self._parameters is not None:
-            if self.switch is None:
-                self._parameters.unhook()
             self._parameters.drop_pending()
         if self.backend is not None and self.attached:
             try:
