@@ -537,9 +537,6 @@ def _unselected_run(pairs: int, plain, train, batches, capture, dump_path) -> di
         for net, cap, out in order if i % 2 == 0 else order[::-1]:
             out += _timed_steps(net, batches, cap, step, 1, None, True)[0]
     ratios = np.asarray(attached_ms) / np.asarray(plain_ms)
-    rng = np.random.default_rng(0)
-    boot = np.median(ratios[rng.integers(0, len(ratios), (2000, len(ratios)))], axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5])
     return {
         "pairs": pairs,
         "plain_ms": plain_ms,
@@ -547,7 +544,7 @@ def _unselected_run(pairs: int, plain, train, batches, capture, dump_path) -> di
         "plain_median_ms": float(np.median(plain_ms)),
         "unselected_median_ms": float(np.median(attached_ms)),
         "paired_ratio": float(np.median(ratios)),
-        "paired_ratio_95ci": (float(low), float(high)),
+        "paired_ratio_95ci": _median_interval(ratios),
         "ratio_of_medians": float(np.median(attached_ms) / np.median(plain_ms)),
         "ratio_of_medians_95ci": _ratio_interval(attached_ms, plain_ms),
         "loadavg_end": os.getloadavg(),

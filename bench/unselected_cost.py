@@ -60,7 +60,7 @@ def _worker(config: str, order: str, size: str, pairs: int, warmup: int) -> dict
     task = "tensor" if config.endswith("tensor") else "statistics"
     import mf_celldump
 
-    if config == "graph_statistics_in_graph" or (graph and task == "statistics"):
+    if graph and task == "statistics":
         from mf_celldump.capture.backends.host import HostBackend
 
         HostBackend.reduce_in_graph = config == "graph_statistics_in_graph"
@@ -151,6 +151,13 @@ def _combined(runs) -> dict:
             "pairs": int(sum(len(v) for v in groups.values()))}
 
 
+def _row(config: str, runs) -> dict:
+    """A configuration's table row from its processes: the combined ratio and the load they ran under."""
+    loads = [r["loadavg_start"][0] for r in runs] + [r["loadavg_end"][0] for r in runs]
+    return {"config": config, "backend": runs[0]["backend"], **_combined(runs),
+            "load": f"{min(loads):.1f}-{max(loads):.1f}"}
+
+
 def _table(rows) -> str:
     lines = ["| configuration | backend | pairs | plain ms | unselected ms | unselected / plain (95%) "
              "| plain built first | attached built first | load avg |",
@@ -181,9 +188,7 @@ def driver(args) -> int:
             print(failed[0]["log_tail"], flush=True)
             rows.append({"config": config, "error": failed[0]["error"], "runs": runs})
             continue
-        loads = [r["loadavg_start"][0] for r in runs] + [r["loadavg_end"][0] for r in runs]
-        row = {"config": config, "backend": runs[0]["backend"], **_combined(runs),
-               "load": f"{min(loads):.1f}-{max(loads):.1f}", "runs": runs}
+        row = dict(_row(config, runs), runs=runs)
         rows.append(row)
         print(_table([row]).splitlines()[-1], flush=True)
     stamp = started.strftime("%Y%m%d-%H%M%S") + ("" if args.size == "tiny" else f"-{args.size}")
@@ -212,11 +217,7 @@ def pool(paths, out: str) -> int:
         for row in data["rows"]:
             if "error" not in row:
                 runs.setdefault(row["config"], []).extend(row["runs"])
-    rows = []
-    for config, config_runs in runs.items():
-        loads = [r["loadavg_start"][0] for r in config_runs] + [r["loadavg_end"][0] for r in config_runs]
-        rows.append({"config": config, "backend": config_runs[0]["backend"], **_combined(config_runs),
-                     "load": f"{min(loads):.1f}-{max(loads):.1f}", "processes": len(config_runs)})
+    rows = [dict(_row(config, config_runs), processes=len(config_runs)) for config, config_runs in runs.items()]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + ("" if size == "tiny" else f"-{size}")
     counts = ", ".join(f"{row['config']} {row['processes']}" for row in rows)
     text = (f"pooled from {', '.join(os.path.basename(p) for p in paths)}; "

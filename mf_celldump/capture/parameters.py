@@ -162,11 +162,6 @@ class ParameterCapture:
                            "loss-scale division and clipping; dump.json says so)", str(err).splitlines()[0])
             self.wrap_optimizer(network, gradient_probe, in_control_flow, plain)
 
-    def unhook(self) -> None:
-        for handle in self.hook_handles:
-            handle.remove()
-        self.hook_handles.clear()
-
     def hook_parameters(self, graph_probe: Optional[GradientProbe] = None, plain: Optional[Callable] = None) -> None:
         """One hook per captured parameter (shared parameters: one hook for all their owners).
 
@@ -259,7 +254,9 @@ class ParameterCapture:
             self.sink.statistics(key, mindspore_dtype_name(dtype), array.shape, stats, seq)
 
     def restore_hooks(self) -> None:
-        self.unhook()
+        for handle in self.hook_handles:
+            handle.remove()
+        self.hook_handles.clear()
         self.gradient_point = None
 
     def restore(self) -> None:
