@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 _NUMPY_TO_MINDSPORE = {
@@ -56,6 +57,11 @@ _DTYPE_ALIASES = {
 
 def canonical_dtype(dtype: Optional[str]) -> str:
     """``Float32``, ``torch.float32``, ``float32`` -> ``float32``."""
-    text = str(dtype or "").strip().lower()
+    return _canonical(dtype if isinstance(dtype, str) else str(dtype or ""))
+
+
+@functools.lru_cache(maxsize=1024)  # a comparison asks about the same few spellings for every tensor
+def _canonical(text: str) -> str:
+    text = text.strip().lower()
     text = text.rpartition(".")[2]
     return _DTYPE_ALIASES.get(text, text)

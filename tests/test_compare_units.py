@@ -246,7 +246,12 @@ def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
         tensors.data_path(data_dir, {"data_name": "../outside.npy"})
     os.symlink(outside, os.path.join(data_dir, "link.npy"))
     with pytest.raises(tensors.TensorFileError, match="symlink"):
-        tensors.data_path(data_dir, {"data_name": "link.npy"})
+        tensors.load(tensors.data_path(data_dir, {"data_name": "link.npy"}))
+    os.mkdir(os.path.join(data_dir, "folder.npy"))
+    with pytest.raises(tensors.TensorFileError, match="not a regular file"):
+        tensors.load(os.path.join(data_dir, "folder.npy"))
+    with pytest.raises(tensors.TensorFileError, match="missing"):
+        tensors.load(os.path.join(data_dir, "absent.npy"))
     np.save(os.path.join(data_dir, "strings.npy"), np.array(["abc"]))
     with pytest.raises(tensors.TensorFileError, match="not numbers"):
         tensors.load(os.path.join(data_dir, "strings.npy"))

@@ -4,4 +4,5 @@ import sys
 
 from mf_celldump.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # worker processes import this module too (multiprocessing's forkserver/spawn)
+    sys.exit(main())

@@ -13,7 +13,7 @@ import math
 import sys
 from typing import Any
 
-from mf_celldump.analysis.compare import shards, thresholds
+from mf_celldump.analysis.compare import shards, thresholds, workers
 from mf_celldump.analysis.compare.coverage import MIN_COVERAGE
 from mf_celldump.analysis.compare.engine import CompareInputError, run
 from mf_celldump.analysis.compare.report import COMMON_FACTOR, DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareRequest
@@ -90,6 +90,15 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
             "before comparing (shard rules: docs/compare.md); --ranks then selects the merged groups. Default: "
             "the size capture recorded in the dump (mf_celldump_parallel), else 1",
         )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pair the entries of each rank folder in N processes (1: all in this process). Default: the CPUs "
+        f"available, at most {workers.MAX_DEFAULT_JOBS}, for a rank folder large enough to gain from them "
+        "(starting them takes a few tenths of a second)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run_compare)
     return parser
@@ -138,6 +147,8 @@ def _request(args: argparse.Namespace) -> CompareRequest:
         table = thresholds.override(table, spec)
     if args.qkv_groups is not None and args.qkv_groups <= 0:
         raise ValueError(f"--qkv-groups {args.qkv_groups}: give a positive number")
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: give 1 or more (1: pair in this process)")
     if not (math.isfinite(args.min_coverage) and 0.0 <= args.min_coverage <= 1.0):
         raise ValueError(f"--min-coverage {args.min_coverage}: give a fraction between 0 and 1 (e.g. 0.5)")
     steps, ranks = parse_selection(args)
@@ -152,4 +163,5 @@ def _request(args: argparse.Namespace) -> CompareRequest:
         qkv_groups=args.qkv_groups,
         min_coverage=args.min_coverage,
         progress=not args.json,
+        jobs=args.jobs,
     )

@@ -14,7 +14,7 @@ import os
 import tempfile
 from typing import List, Optional, Sequence, Tuple
 
-from mf_celldump.analysis.compare import msprobe_rules, verdicts
+from mf_celldump.analysis.compare import msprobe_rules, pairing, plot, verdicts
 from mf_celldump.analysis.compare.coverage import measure_coverage
 from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, Warnings, load_unit
 from mf_celldump.analysis.compare.report import (
@@ -30,6 +30,7 @@ from mf_celldump.analysis.compare.report import (
 )
 from mf_celldump.analysis.compare.sources import RankFolder, Unit
 from mf_celldump.analysis.compare.store import Store
+from mf_celldump.analysis.compare.workers import Workers
 from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.reader import DumpError, RankDump, find_rank_dumps
 from mf_celldump.mapping import AUTO, LayerMapping, resolve_mapping
@@ -79,8 +80,9 @@ def run(request: CompareRequest) -> CompareResult:
     with tempfile.TemporaryDirectory(prefix=".compare-", dir=request.output) as work:
         store = Store(os.path.join(work, "pairs.sqlite"))
         try:
-            result = _compare(store, units, unpaired, request)
-            _write_reports(store, result)
+            with Workers(request.jobs, preload=(pairing.__name__, plot.__name__)) as workers:
+                result = _compare(store, units, unpaired, request, workers)
+                _write_reports(store, result, workers)
             return result
         finally:
             store.close()
@@ -98,21 +100,23 @@ def _check_order(unit: Unit, request: CompareRequest) -> None:
         )
 
 
-def _compare(store: Store, units: List[Unit], unpaired: List[str], request: CompareRequest) -> CompareResult:
+def _compare(store: Store, units: List[Unit], unpaired: List[str], request: CompareRequest,
+             workers: Workers) -> CompareResult:
     mapping: Optional[LayerMapping] = None
     view = None
     frameworks = tasks = ("", "")
     warnings = Warnings()
     for unit in units:
-        classes = load_unit(store, unit, warnings)
+        loaded = load_unit(store, unit, warnings, workers)
         if mapping is None:
             frameworks = (unit.target.framework, unit.baseline.framework)
             tasks = (unit.target.task, unit.baseline.task)
-            mapping = _mapping(request.mapping, set(classes.values()), frameworks)
+            mapping = _mapping(request.mapping, set(loaded.classes.values()), frameworks)
             view = MsprobeView(mapping)
         options = PairOptions(request.thresholds, request.qkv_groups, msprobe_rules.dump_mode(*tasks))
-        UnitPairer(store, view, classes, unit, options, warnings).run(request.progress)
+        UnitPairer(store, view, loaded.classes, unit, options, warnings).run(loaded, request.progress, workers)
         store.reset_unit()
+    store.commit()
     return CompareResult(
         request=request,
         units=unit_counts(store),
@@ -133,22 +137,23 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
     )
 
 
-def _write_reports(store: Store, result: CompareResult) -> None:
-    from mf_celldump.analysis.compare.plot import write_plot
-
+def _write_reports(store: Store, result: CompareResult, workers: Workers) -> None:
+    """The CSV, report.html and the depth plot; the plot (matplotlib: the slowest) in a worker when they run."""
     request = result.request
-    write_csv(store, result.csv_path)
     first = result.first
     step, rank = (first.step, first.rank) if first else (result.units[0]["step"], result.units[0]["rank"])
     title = f"{request.target} vs {request.baseline} (step {'-' if step is None else step}, rank {rank})"
     plot_path = os.path.join(request.output, "compare_depth.png")
+    plot_args = (plot_path, step, rank, first, title, request.thresholds)
+    plotting = workers.submit(plot.plot_in_worker, store.path, *plot_args)
+    write_csv(store, result.csv_path)
     if request.html:  # before the plot: matplotlib leaves the heap fragmented (measured: +7 MB peak after it)
         from mf_celldump.analysis.compare.html_report import write_html
         from mf_celldump.analysis.compare.report_data import report_data
 
         result.html_path = os.path.join(request.output, "report.html")
         write_html(result.html_path, report_data(store, result))
-    result.plot_note = write_plot(store, plot_path, step, rank, first, title, request.thresholds)
+    result.plot_note = plotting.result() if plotting else plot.write_plot(store, *plot_args)
     result.plot_path = None if result.plot_note else plot_path
     for path in (result.csv_path, result.plot_path, result.html_path):
         if path:

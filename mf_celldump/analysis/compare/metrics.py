@@ -60,31 +60,39 @@ class PairMetrics:
 
 def tensor_metrics(target: np.ndarray, baseline: np.ndarray, limits: Thresholds, exact: bool,
                    noise: float = 0.0) -> PairMetrics:
-    """``noise``: the pair's rounding-noise bound (``noise.bound``), used unless ``abs_err`` is given by hand."""
+    """``noise``: the pair's rounding-noise bound (``noise.bound``), used unless ``abs_err`` is given by hand.
+
+    Norms and the cosine come from three dot products (``np.linalg.norm`` of a vector is the square root
+    of one); their sum is finite exactly when every element is, which spares a pass for the usual case."""
     t = np.asarray(target, dtype=np.float64).ravel()
     b = np.asarray(baseline, dtype=np.float64).ravel()
     result = PairMetrics()
-    finite_t, finite_b = np.isfinite(t), np.isfinite(b)
-    if not (finite_t.all() and finite_b.all()):
+    tt, bb = float(np.dot(t, t)), float(np.dot(b, b))
+    if not math.isfinite(tt + bb):  # a NaN or an Inf somewhere (or squares past float64's range)
+        finite_t, finite_b = np.isfinite(t), np.isfinite(b)
         same = np.array_equal(finite_t, finite_b) and np.array_equal(t[~finite_t], b[~finite_b], equal_nan=True)
         if not same:
             result.diverged = True
             result.note = f"non-finite values differ: target {_nonfinite(t)}, baseline {_nonfinite(b)}"
         t, b = t[finite_t & finite_b], b[finite_t & finite_b]
-    diff = np.abs(t - b)
-    norm_t, norm_b = float(np.linalg.norm(t)), float(np.linalg.norm(b))
-    result.euc_dist = float(np.linalg.norm(diff))
+        tt, bb = float(np.dot(t, t)), float(np.dot(b, b))
+    tb = float(np.dot(t, b))
+    diff = t - b
+    norm_t, norm_b = math.sqrt(tt), math.sqrt(bb)
+    result.euc_dist = math.sqrt(float(np.dot(diff, diff)))
     if t.size:
+        np.abs(diff, out=diff)
         magnitude = np.abs(b)
         result.max_abs_err = float(diff.max())
         result.max_rel_err = float((diff / np.maximum(magnitude, TINY)).max()) if result.max_abs_err else 0.0
         result.one_thousandth_ratio, result.five_thousandths_ratio = _error_ratios(diff, magnitude)
     result.rel_err = result.euc_dist / norm_b if norm_b > TINY else (0.0 if norm_t <= TINY else math.inf)
-    result.cosine = _cosine(t, b, norm_t, norm_b)
+    result.cosine = _cosine(tb, norm_t, norm_b)
     if not exact and norm_b > TINY and norm_t > TINY:
-        result.factor = float(np.dot(t, b)) / (norm_b * norm_b)
+        result.factor = tb / bb
         if result.factor != 0.0:
-            result.factor_rel = float(np.linalg.norm(t - result.factor * b)) / (abs(result.factor) * norm_b)
+            rest = t - result.factor * b
+            result.factor_rel = math.sqrt(float(np.dot(rest, rest))) / (abs(result.factor) * norm_b)
     if exact:
         result.diverged = result.diverged or bool(result.max_abs_err and result.max_abs_err > 0)
     elif not within_noise(result.max_abs_err, limits, noise):
@@ -102,18 +110,19 @@ def within_noise(max_abs_err: float, limits: Thresholds, noise: float) -> bool:
     return floor > 0 and math.isfinite(max_abs_err) and max_abs_err <= floor
 
 
-def _cosine(t: np.ndarray, b: np.ndarray, norm_t: float, norm_b: float) -> float:
+def _cosine(dot: float, norm_t: float, norm_b: float) -> float:
     if norm_t <= TINY and norm_b <= TINY:
         return 1.0
     if norm_t <= TINY or norm_b <= TINY:
         return 0.0
-    return max(-1.0, min(1.0, float(np.dot(t, b)) / (norm_t * norm_b)))
+    return max(-1.0, min(1.0, dot / (norm_t * norm_b)))
 
 
 def _error_ratios(diff: np.ndarray, magnitude: np.ndarray):
     """Shares of elements with |t - b| / |b| below 1/1000 and 5/1000; where b is 0, msprobe adds the
     float epsilon to both sides, i.e. divides |t| by epsilon. ``magnitude`` (|b|) is changed in place."""
-    magnitude[magnitude == 0] = np.finfo(np.float64).eps
+    if not magnitude.all():
+        magnitude[magnitude == 0] = np.finfo(np.float64).eps
     size = diff.size
     return (float(np.count_nonzero(diff < ONE_THOUSANDTH * magnitude)) / size,
             float(np.count_nonzero(diff < FIVE_THOUSANDTHS * magnitude)) / size)

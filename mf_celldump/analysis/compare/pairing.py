@@ -26,8 +26,9 @@ from mf_celldump.analysis.compare import msprobe_rules, noise, transforms
 from mf_celldump.analysis.compare.measure import Measured, measure_pair
 from mf_celldump.analysis.compare.metrics import noise_floor
 from mf_celldump.analysis.compare.sources import Unit
-from mf_celldump.analysis.compare.store import Store
+from mf_celldump.analysis.compare.store import Store, pair_values
 from mf_celldump.analysis.compare.thresholds import EXACT, Thresholds, thresholds_for
+from mf_celldump.analysis.compare.workers import Workers, ranges
 from mf_celldump.dtypes import canonical_dtype, dtype_names
 from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, layer_of, parse_entry_name
@@ -37,7 +38,7 @@ from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
 
 logger = logging.getLogger(__name__)
-FLUSH = 500
+BATCH = 256  # entries paired and written together (and sent to a worker process as one range)
 ACTIVATION, WEIGHT, WEIGHT_GRAD = "activation", "weight", "weight_grad"
 KINDS = (ACTIVATION, WEIGHT, WEIGHT_GRAD)
 # Why a tensor was not compared, in three classes (coverage counts them apart).
@@ -70,6 +71,12 @@ class Warnings:
     def lines(self) -> List[str]:
         return self.items + ([f"... and {self.more} more warnings"] if self.more else [])
 
+    def merge(self, other: Warnings) -> None:
+        """Add another collection's warnings (a worker process's)."""
+        for text in other.items:
+            self.add(text)
+        self.more += other.more
+
 
 @dataclass(frozen=True)
 class PairOptions:
@@ -78,18 +85,67 @@ class PairOptions:
     msprobe_mode: str = msprobe_rules.TENSOR_MODE
 
 
-def load_unit(store: Store, unit: Unit, warnings: Optional[Warnings] = None) -> Dict[str, str]:
-    """Stream both sides' entries into the store; returns our cell name -> class."""
+@dataclass
+class UnitSize:
+    """How much pairing one side of a unit holds: entries, tensor records and their elements."""
+
+    entries: int = 0
+    tensors: int = 0
+    elements: int = 0
+
+    def count(self, direction: str, body: Dict[str, Any]) -> None:
+        self.entries += 1
+        for _, _, _, record, _ in _slots(direction, body):
+            self.tensors += 1
+            shape = record.get("shape")
+            if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+                self.elements += math.prod(shape)
+
+
+@dataclass
+class LoadedUnit:
+    """What loading a unit into the store found: our cell name -> class, and each side's size."""
+
+    classes: Dict[str, str] = field(default_factory=dict)
+    target: UnitSize = field(default_factory=UnitSize)
+    baseline: UnitSize = field(default_factory=UnitSize)
+
+
+def load_unit(store: Store, unit: Unit, warnings: Optional[Warnings] = None,
+              workers: Optional[Workers] = None) -> LoadedUnit:
+    """Stream both sides' entries into the store (committed: worker processes read them). ``workers`` start
+    while the target loads when the baseline's size says they will be worth it."""
     store.reset_unit()
     warnings = warnings if warnings is not None else Warnings()
+    loaded = LoadedUnit()
     totals: Dict[Tuple[str, str], int] = {}
     base = _numbered(unit.baseline.entries(), None, totals, (warnings, f"baseline {unit.baseline.label}"))
-    store.add_base(row[:5] for row in base)
+    store.add_base(row[:5] for row in _counted(base, loaded.baseline, 1, 4))
     store.add_base_totals(unit.step, unit.rank, totals)
-    classes: Dict[str, str] = {}
-    ours = _numbered(unit.target.entries(), classes, None, (warnings, f"target {unit.target.label}"))
-    store.add_target((pos, name, cell, cls, d, o, body) for pos, (cell, d, o, name, body, cls) in enumerate(ours))
-    return classes
+    if workers is not None:
+        workers.prepare(loaded.baseline.tensors, loaded.baseline.elements)
+    ours = _numbered(unit.target.entries(), loaded.classes, None, (warnings, f"target {unit.target.label}"))
+    store.add_target(_counted(_with_depth(ours), loaded.target, 4, 7))
+    store.commit()
+    return loaded
+
+
+def _with_depth(numbered):
+    """Target entries as the store holds them, each with its depth (``noise.bound``'s D): how many times
+    the depth group changed, in execution order, up to and including it."""
+    depth, last = 0, None
+    for pos, (cell, direction, ordinal, name, body, cls) in enumerate(numbered):
+        layer = layer_of(cell)
+        if layer != last:
+            depth, last = depth + 1, layer
+        yield pos, name, cell, cls, direction, ordinal, depth, body
+
+
+def _counted(rows, size: UnitSize, direction: int, body: int):
+    """The rows unchanged, counted into ``size`` (each row's direction and body at the given indices)."""
+    for row in rows:
+        size.count(row[direction], row[body])
+        yield row
 
 
 def _numbered(entries: Iterable[Tuple[str, Dict[str, Any]]], classes: Optional[Dict[str, str]], totals=None,
@@ -155,19 +211,18 @@ class UnitPairer:
         self, store: Store, view: MsprobeView, classes: Dict[str, str], unit: Unit, options: PairOptions,
         warnings: Optional[Warnings] = None,
     ):
-        self.store, self.view, self.unit, self.options = store, view, unit, options
+        self.store, self.view, self.classes, self.unit, self.options = store, view, classes, unit, options
         self.warnings = warnings if warnings is not None else Warnings()
         self.type_of = type_lookup(classes)
         self.not_plotted = enclosing_groups(classes)
         self._resolved: Dict[str, Tuple[str, CompareRules]] = {}
         self._groups: Dict[str, Optional[int]] = {}
-        self._depth, self._last_layer = 0, None  # steps between depth groups so far (noise.bound's D)
+        self._depth = 0  # the entry's depth (noise.bound's D)
         self._scale = noise.EntryScale()
 
-    def run(self, show_progress: bool = True) -> int:
-        rows: List[Dict[str, Any]] = []
-        count = 0
-        total = self.store.target_count()
+    def run(self, loaded: LoadedUnit, show_progress: bool = True, workers: Optional[Workers] = None) -> int:
+        """Pair every target entry of the unit, in worker processes when they are worth it; the rows written."""
+        total, count = loaded.target.entries, 0
         bar = tqdm(
             total=total,
             desc=f"compare {self.unit.folder}",
@@ -175,16 +230,27 @@ class UnitPairer:
             disable=None if show_progress and total > 2000 else True,
             leave=False,
         )
+        if workers is not None and workers.worth(loaded.target.tensors, loaded.target.elements):
+            task = PairTask(self.store.path, self.view, self.classes, self.unit, self.options)
+            batches = workers.map(pair_in_worker, task, ranges(total, BATCH))
+        else:
+            batches = (self.pair_range(start, stop) for start, stop in ranges(total, BATCH))
         with bar:
-            for pos, name, cell, cls, direction, ordinal, body in self.store.targets():
-                rows.extend(self.pair_entry(pos, name, cell, cls, direction, ordinal, body))
-                bar.update(1)
-                if len(rows) >= FLUSH:
-                    self.store.add_pairs(rows)
-                    count += len(rows)
-                    rows = []
-        self.store.add_pairs(rows)
-        return count + len(rows)
+            for (start, stop), (rows, warnings) in zip(ranges(total, BATCH), batches):
+                self.store.add_pair_values(rows)
+                if warnings is not self.warnings:
+                    self.warnings.merge(warnings)
+                count += len(rows)
+                bar.update(stop - start)
+        return count
+
+    def pair_range(self, start: int, stop: int) -> Tuple[List[Tuple[Any, ...]], Warnings]:
+        """The pair rows (as ``store.pair_values``) of the target entries at positions ``start`` to ``stop``."""
+        rows: List[Tuple[Any, ...]] = []
+        for pos, name, cell, cls, direction, ordinal, depth, body in self.store.targets(start, stop):
+            self._depth = depth
+            rows.extend(pair_values(row) for row in self.pair_entry(pos, name, cell, cls, direction, ordinal, body))
+        return rows, self.warnings
 
     def resolve(self, cell: str, cls: str) -> Tuple[str, CompareRules]:
         if cell not in self._resolved:
@@ -202,8 +268,6 @@ class UnitPairer:
         base_cell, rules = self.resolve(cell, cls)
         found = self.store.base_entry(base_cell, direction, ordinal)
         layer = layer_of(cell)
-        if layer != self._last_layer:
-            self._depth, self._last_layer = self._depth + 1, layer
         self._scale = noise.entry_scale((body, found[1] if found else None), direction)
         common = {
             "step": self.unit.step,
@@ -317,6 +381,26 @@ class UnitPairer:
                 f"{detected} query groups (shape [s, b, groups, head dim]); leave --qkv-groups out or give {detected}"
             )
         return given or detected
+
+
+@dataclass(frozen=True)
+class PairTask:
+    """What a worker process needs to pair a range of one unit's entries (sent with each range)."""
+
+    store_path: str
+    view: MsprobeView
+    classes: Dict[str, str]
+    unit: Unit
+    options: PairOptions
+
+
+def pair_in_worker(task: PairTask, start: int, stop: int) -> Tuple[List[Tuple[Any, ...]], Warnings]:
+    """In a worker process: the rows and warnings of the entries at positions ``start`` to ``stop``."""
+    store = Store.reader(task.store_path)
+    try:
+        return UnitPairer(store, task.view, task.classes, task.unit, task.options).pair_range(start, stop)
+    finally:
+        store.close()
 
 
 def record_problem(record: Dict[str, Any]) -> str:

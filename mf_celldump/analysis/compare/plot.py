@@ -32,6 +32,15 @@ def dominant_limits(store: Store, step, rank, table) -> Tuple[str, Thresholds]:
     return dtype or "float32", thresholds_for(dtype or "", base_dtype or "", table)
 
 
+def plot_in_worker(store_path: str, *args) -> str:
+    """:func:`write_plot` in a worker process, reading the store through its own connection."""
+    store = Store.reader(store_path)
+    try:
+        return write_plot(store, *args)
+    finally:
+        store.close()
+
+
 def write_plot(
     store: Store, path: str, step, rank, first: Optional[Divergence], title: str, table: Mapping[str, Thresholds]
 ) -> str:

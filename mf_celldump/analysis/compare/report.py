@@ -361,6 +361,7 @@ class CompareRequest:
     min_coverage: float = MIN_COVERAGE
     progress: bool = True
     html: bool = True
+    jobs: Optional[int] = 1  # processes pairing each unit; None: the CPUs available, for large units only
 
 
 @dataclass

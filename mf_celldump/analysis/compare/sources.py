@@ -52,6 +52,7 @@ class RankFolder:
     def __init__(self, dump: RankDump):
         self.dump = dump
         self.label, self.step, self.rank = dump.label, dump.step, dump.rank
+        self._tensors = tensors.TensorFolder(dump.data_dir)
         try:
             self._json = DumpJson(dump.dump_json)
         except OSError as err:
@@ -80,8 +81,7 @@ class RankFolder:
         return self._json.entries()
 
     def tensor(self, record: Mapping[str, Any]) -> Optional[np.ndarray]:
-        path = tensors.data_path(self.dump.data_dir, record)
-        return None if path is None else tensors.load(path)
+        return self._tensors.load(record)
 
 
 @dataclass(frozen=True)
