@@ -5,7 +5,9 @@ per line, ``construct.json``, ``stack.json``, ``dump_tensor_data/*.npy`` of 64x6
 is written for each size (number of tensor files per dump); the target differs from the
 baseline by a small perturbation from the middle layer on. Each command runs in its own
 process, ``--repeat`` times interleaved (the run of median wall time kept; the machine may be
-shared); peak RSS is the process's VmHWM (msprobe: with its worker children).
+shared); peak RSS is given twice: the largest single process (the command or one of its worker
+processes, from getrusage) and the largest sum over the whole process tree (sampled from /proc
+every 10 ms; both tools start worker processes).
 
 * ours     ``mf-celldump compare TARGET BASELINE -o OUT --json`` (CSV, PNG and report.html included)
 * msprobe  ``msprobe compare -tp TARGET/step0 -gp BASELINE/step0 -o OUT`` (its CSV)
@@ -112,19 +114,44 @@ def _entry(data_dir: str, name: str, array: np.ndarray, layer: int) -> dict:
 
 
 def run(command, cwd: str, env: Optional[dict] = None) -> dict:
-    """Wall time and peak RSS (this child and its children) of one command."""
+    """Wall time, peak RSS of the largest process (the command or one of its children: getrusage) and the
+    peak of the sum over the process tree (sampled every 10 ms from /proc) of one command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - start
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+        tree_kb = 0
+        while proc.poll() is None:
+            tree_kb = max(tree_kb, _tree_rss_kb(proc.pid))
+            time.sleep(0.01)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        output = out.read()
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if proc.returncode not in (0, 1):
-        raise SystemExit(f"{command[:3]} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+        raise SystemExit(f"{command[:3]} failed ({proc.returncode}): {output[-2000:]}")
     return {
         "wall_s": round(wall, 2),
         "peak_rss_mb": round(max(peak_kb, before) / 1024, 1),
+        "tree_rss_mb": round(tree_kb / 1024, 1),
         "rc": proc.returncode,
     }
+
+
+def _tree_rss_kb(pid: int) -> int:
+    """RSS of a process and all its descendants now (0 for those gone meanwhile)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            with open(f"/proc/{current}/status", encoding="ascii") as handle:
+                total += next((int(line.split()[1]) for line in handle if line.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", encoding="ascii") as handle:
+                    todo.extend(int(child) for child in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def commands(root: str, with_msprobe: bool, previous: Optional[str]) -> Dict[str, Tuple[list, Optional[dict]]]:
@@ -164,7 +191,7 @@ def measure(root: str, size: int, repeat: int, with_msprobe: bool, previous: Opt
     best = {tool: sorted(results, key=lambda r: r["wall_s"])[len(results) // 2] for tool, results in runs.items()}
     row = {
         "files_per_dump": size,
-        **{f"{k}_{m}": v[m] for k, v in best.items() for m in ("wall_s", "peak_rss_mb")},
+        **{f"{k}_{m}": v.get(m) for k, v in best.items() for m in ("wall_s", "peak_rss_mb", "tree_rss_mb")},
     }
     if "msprobe" in best:
         row["speedup"] = round(best["msprobe"]["wall_s"] / best["ours"]["wall_s"], 2)
@@ -188,15 +215,17 @@ def machine() -> dict:
 
 def table(rows: List[dict]) -> str:
     """The rows as the markdown table of bench/README.md."""
-    lines = ["| files per dump | ours (s) | msprobe (s) | **msprobe / ours** | ours peak RSS (MB) | "
-             "msprobe peak RSS (MB) | previous (s) | ours / previous |",
+    lines = ["| files per dump | ours (s) | msprobe (s) | **msprobe / ours** | ours peak RSS (MB): largest "
+             "process / all | msprobe peak RSS (MB): largest process / all | previous (s) | ours / previous |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         speedup = f"**{r['speedup']}x**" if "speedup" in r else "-"
+        theirs = (f"{r['msprobe_peak_rss_mb']:.0f} / {r['msprobe_tree_rss_mb']:.0f}" if "msprobe_peak_rss_mb" in r
+                  else "-")
         lines.append(
             f"| {r['files_per_dump']:,} | {r['ours_wall_s']} | {r.get('msprobe_wall_s', '-')} | {speedup} | "
-            f"{r['ours_peak_rss_mb']:.0f} | {r.get('msprobe_peak_rss_mb', '-')} | {r.get('previous_wall_s', '-')} | "
-            f"{r.get('ours_vs_previous', '-')} |"
+            f"{r['ours_peak_rss_mb']:.0f} / {r['ours_tree_rss_mb']:.0f} | {theirs} | "
+            f"{r.get('previous_wall_s', '-')} | {r.get('ours_vs_previous', '-')} |"
         )
     return "\n".join(lines)
 

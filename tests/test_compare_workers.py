@@ -87,3 +87,10 @@ def test_only_a_large_unit_starts_workers_unless_jobs_are_given():
     assert not auto.worth(1000, 1000 * 4096) and auto.worth(100_000, 100_000 * 4096) == (auto.jobs > 1)
     assert auto.worth(100, 10 ** 10) == (auto.jobs > 1)  # few tensors, many elements
     assert workers.Workers(2).worth(1, 1) and not workers.Workers(1).worth(10 ** 9, 10 ** 12)
+
+
+def test_jobs_below_one_is_refused_by_name(tmp_path, capsys):
+    write_dump(str(tmp_path / "a"), _entries(0, 0))
+    code = celldump_main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "o"),
+                          "--jobs", "0"])
+    assert code == 2 and "--jobs 0: give 1 or more" in capsys.readouterr().err

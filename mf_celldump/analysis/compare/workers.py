@@ -28,10 +28,11 @@ from typing import Any, Callable, Deque, Iterable, Iterator, Optional, Sequence,
 
 logger = logging.getLogger(__name__)
 
-# Serial pairing cost, measured on one core (bench/bench_compare.py): about 0.25 ms per pair of small
-# tensors, plus about 10 ns per element for reading and comparing both sides.
+# Pairing cost in one process, measured on this project's 2-core CI machine: about 0.2-0.25 ms per pair
+# of small tensors (bench/bench_compare.py's 64x64), plus about 25 ns per element of a pair for reading
+# both files and the metrics (a pair of 2048x2048 float32: 0.1 s).
 SECONDS_PER_PAIR = 2.5e-4
-SECONDS_PER_ELEMENT = 1e-8
+SECONDS_PER_ELEMENT = 2.5e-8
 # A pool starts for a unit estimated to take at least this long on one core (starting costs ~0.3 s).
 WORTH_SECONDS = 1.5
 IN_FLIGHT_PER_WORKER = 2
