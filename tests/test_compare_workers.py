@@ -13,7 +13,10 @@ from mf_celldump.analysis.compare import workers
 from mf_celldump.cli import main as celldump_main
 from tests.support.compare_dumps import write_dump
 
-LAYERS = 70  # 70 layers x 2 cells x forward and backward: 280 entries, more than one range of pairing.BATCH
+# 150 layers x 2 cells x forward and backward: 600 entries per rank folder, several ranges of pairing.BATCH;
+# 4 rank folders of 1,200 pair rows: more than SQLite's page cache holds, so the main process writes pairs to
+# the file (and locks it) while the workers read entries
+LAYERS = 150
 SHAPE = (4, 8)
 
 
@@ -94,3 +97,29 @@ def test_jobs_below_one_is_refused_by_name(tmp_path, capsys):
     code = celldump_main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "-o", str(tmp_path / "o"),
                           "--jobs", "0"])
     assert code == 2 and "--jobs 0: give 1 or more" in capsys.readouterr().err
+
+
+def test_a_worker_reads_entries_while_the_main_process_holds_the_pairs_file(tmp_path):
+    """The main process writes pair rows in one long transaction; once they outgrow SQLite's page cache it
+    locks the pairs' file for good. A worker's reader opens the entries' file alone, so it is never kept
+    waiting (a reader that also opened the pairs' file would time out: "database is locked")."""
+    from mf_celldump.analysis.compare.store import ENTRIES, PAIRS, Store
+
+    path = str(tmp_path / "pairs.sqlite")
+    store = Store(path)
+    store.add_target((pos, f"e{pos}", "cell", "Cls", "forward", pos, 1, {"output": []}) for pos in range(10))
+    store.commit()
+    store.add_pairs([dict(step=0, rank=0, pos=pos, reason="x" * 500) for pos in range(20_000)])  # ~10 MB
+    reader = Store.reader(path, ENTRIES)
+    reader.db.execute("pragma busy_timeout = 1000")
+    try:
+        assert [row[0] for row in reader.targets(2, 5)] == [2, 3, 4]
+    finally:
+        reader.close()
+    store.commit()
+    reader = Store.reader(path, PAIRS)  # once committed, the pairs are read (the plot, in a worker)
+    try:
+        assert reader.query("select count(*) from pairs") == [(20_000,)]
+    finally:
+        reader.close()
+        store.close()

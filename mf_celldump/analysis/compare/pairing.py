@@ -26,7 +26,7 @@ from mf_celldump.analysis.compare import msprobe_rules, noise, transforms
 from mf_celldump.analysis.compare.measure import Measured, measure_pair
 from mf_celldump.analysis.compare.metrics import noise_floor
 from mf_celldump.analysis.compare.sources import Unit
-from mf_celldump.analysis.compare.store import Store, pair_values
+from mf_celldump.analysis.compare.store import ENTRIES, Store, pair_values
 from mf_celldump.analysis.compare.thresholds import EXACT, Thresholds, thresholds_for
 from mf_celldump.analysis.compare.workers import Workers, ranges
 from mf_celldump.dtypes import canonical_dtype, dtype_names
@@ -396,7 +396,7 @@ class PairTask:
 
 def pair_in_worker(task: PairTask, start: int, stop: int) -> Tuple[List[Tuple[Any, ...]], Warnings]:
     """In a worker process: the rows and warnings of the entries at positions ``start`` to ``stop``."""
-    store = Store.reader(task.store_path)
+    store = Store.reader(task.store_path, ENTRIES)
     try:
         return UnitPairer(store, task.view, task.classes, task.unit, task.options).pair_range(start, stop)
     finally:

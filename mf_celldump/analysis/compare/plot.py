@@ -6,7 +6,7 @@ import math
 from typing import Mapping, Optional, Tuple
 
 from mf_celldump.analysis.compare.report import Divergence, layer_table
-from mf_celldump.analysis.compare.store import Store
+from mf_celldump.analysis.compare.store import PAIRS, Store
 from mf_celldump.analysis.compare.thresholds import Thresholds, thresholds_for
 from mf_celldump.analysis.extras import MissingExtra, pyplot
 from mf_celldump.layout.naming import DIRECTIONS
@@ -34,7 +34,7 @@ def dominant_limits(store: Store, step, rank, table) -> Tuple[str, Thresholds]:
 
 def plot_in_worker(store_path: str, *args) -> str:
     """:func:`write_plot` in a worker process, reading the store through its own connection."""
-    store = Store.reader(store_path)
+    store = Store.reader(store_path, PAIRS)
     try:
         return write_plot(store, *args)
     finally:

@@ -4,14 +4,16 @@ Entries of both sides are written as they stream in (baseline looked up by name,
 read back in order), and every compared pair becomes a row of ``pairs``, which the
 report reads back with SQL (first divergence, per-layer aggregates, the CSV streamed row by row).
 
-Worker processes pairing ranges of a unit read the entries through their own read-only
-connections (:meth:`Store.reader`) while this one writes pair rows: the file is in WAL mode,
-where readers and the one writer do not wait for each other.
+The entries live in a second file, attached as ``entries``: worker processes pairing ranges of a
+unit read them through their own read-only connections to that file alone (:meth:`Store.reader`)
+while this connection writes pair rows into the first, so no file is read by one process while
+another writes it (no WAL, which needs shared memory a network file system may not give).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from urllib.request import pathname2url
@@ -69,6 +71,7 @@ PAIR_COLUMNS = (
     "msprobe_message",
 )
 _INT = {"step", "rank", "pos"}
+ENTRIES, PAIRS = "entries", "pairs"  # the two files of a store
 _TEXT = {
     "folder", "kind", "direction", "entry", "cell", "cell_class", "layer", "slot", "baseline_entry",
     "baseline_slot", "dtype", "baseline_dtype", "shape", "baseline_shape", "baseline_transform", "status",
@@ -77,38 +80,48 @@ _TEXT = {
 
 
 class Store:
-    def __init__(self, path: str, read_only: bool = False):
+    def __init__(self, path: str, read_only: Optional[str] = None):
+        """``path``: the pairs' file; the entries' file is beside it (:func:`entries_path`). ``read_only``:
+        None, both files for reading and writing; else the one file to read, ``pairs`` or ``entries``
+        (a reader never opens the other: it would wait on the writer's lock of that file)."""
         self.path = path
-        if read_only:
-            self.db = sqlite3.connect(f"file:{pathname2url(path)}?mode=ro", uri=True)
+        if read_only is not None:
+            one = entries_path(path) if read_only == ENTRIES else path
+            self.db = sqlite3.connect(f"file:{pathname2url(one)}?mode=ro", uri=True)
             return
         self.db = sqlite3.connect(path)
-        self.db.execute("pragma journal_mode=wal")
-        self.db.execute("pragma synchronous=off")
+        self.db.execute("attach database ? as entries", (entries_path(path),))
+        for schema in ("main", "entries"):
+            self.db.execute(f"pragma {schema}.journal_mode=off")
+            self.db.execute(f"pragma {schema}.synchronous=off")
         columns = ", ".join(
             f"{c} {'integer' if c in _INT else 'text' if c in _TEXT else 'real'}" for c in PAIR_COLUMNS
         )
         self.db.executescript(
             f"""
             create table pairs ({columns});
-            create table base (cell text, direction text, ordinal integer, name text, body text);
-            create index base_key on base (cell, direction, ordinal);
-            create table target (pos integer primary key, name text, cell text, cls text, direction text,
+            create table entries.base (cell text, direction text, ordinal integer, name text, body text);
+            create index entries.base_key on base (cell, direction, ordinal);
+            create table entries.target (pos integer primary key, name text, cell text, cls text, direction text,
                                  ordinal integer, depth integer, body text);
             create table base_totals (step integer, rank integer, kind text, direction text, tensors integer);
             """
         )
 
     @classmethod
-    def reader(cls, path: str) -> Store:
-        """A read-only connection to a store another connection created (a worker process's)."""
-        return cls(path, read_only=True)
+    def reader(cls, path: str, part: str) -> Store:
+        """A read-only connection (a worker process's) to one file of a store another connection writes:
+        ``entries`` (the unit being paired, committed) or ``pairs`` (once they are all committed)."""
+        if part not in (ENTRIES, PAIRS):
+            raise ValueError(f"part {part!r}: {ENTRIES} or {PAIRS}")
+        return cls(path, read_only=part)
 
     def close(self) -> None:
         self.db.close()
 
     def commit(self) -> None:
-        """Make what was written visible to readers (the entries of a unit, before workers pair them)."""
+        """Make what was written visible to readers (a unit's entries, before workers pair them; the pairs,
+        before a worker draws the plot)."""
         self.db.commit()
 
     # --- one unit (step/rank pair) at a time -------------------------------------------------
@@ -177,3 +190,8 @@ class Store:
 def pair_values(row: Dict[str, Any]) -> Tuple[Any, ...]:
     """A pair row's values in the order of ``PAIR_COLUMNS`` (None for a column it lacks)."""
     return tuple(map(row.get, PAIR_COLUMNS))
+
+
+def entries_path(path: str) -> str:
+    """The file of the entries of the store whose pairs are in ``path``."""
+    return f"{os.path.splitext(path)[0]}-entries.sqlite"

@@ -3,7 +3,7 @@
 Pairing an entry is reading its tensor files and computing the pair numbers: independent
 from entry to entry once the unit's entries are in the store (each entry's depth, the one
 thing carried along the execution order, is stored with it). The main process splits a
-unit into ranges of positions; each worker opens the store read-only, pairs its range with
+unit into ranges of positions; each worker opens the store's entries read-only, pairs its range with
 its own :class:`pairing.UnitPairer` and sends the rows back as tuples; the main process
 writes them in order. At most two ranges per worker are in flight, so memory stays bounded
 whatever the dump size.
