@@ -171,9 +171,6 @@ class Store:
             ((step, rank, kind, direction, n) for (kind, direction), n in totals.items()),
         )
 
-    def target_count(self) -> int:
-        return self.db.execute("select count(*) from target").fetchone()[0]
-
     # --- results ----------------------------------------------------------------------------
     def add_pairs(self, rows: List[Dict[str, Any]]) -> None:
         self.add_pair_values(pair_values(row) for row in rows)
