@@ -15,6 +15,9 @@ import mf_celldump
 from mf_celldump.capture.backends.host import HostBackend
 from mf_celldump.capture.session import AttachError, StepError, find_attached
 from tests.support import capture_net as cn
+from tests.support.ascend_emulation import AscendEmulator
+from tests.support.ascend_runs import run_training
+from tests.support.processed import read_output
 from tests.support.rawread import raw_steps, read_step
 
 
@@ -67,7 +70,42 @@ def test_graph_host_dump_under_recompute_equals_the_dump_without(tmp_path, monke
     _assert_same_dump(on, off)
 
 
-@pytest.mark.parametrize("mode, backend", [("pynative", None), ("graph", "tensordump")])
+def _recomputed_net():
+    net = cn.make_net()
+    net.split.recompute()
+    return net
+
+
+@pytest.mark.parametrize("task, backend", [("tensor", "tensordump"), ("statistics", "kbk_statistics")])
+def test_emulated_ascend_graph_dump_under_recompute_equals_the_dump_without(tmp_path, task, backend):
+    """The Ascend backends mark TensorDump and DumpGradient ``recompute=False``; the emulation hands the
+    attribute to its stand-in kernels, which are graph nodes like MindSpore's, and MindSpore's own recompute
+    pass (frontend, the same on Ascend) does the rest: one forward call per cell, its gradients under it."""
+    outputs, launched = {}, {}
+    for name, factory in (("on", _recomputed_net), ("off", cn.make_net)):
+        emulator = AscendEmulator()
+        try:
+            _, summary = run_training(tmp_path / name, {"task": task, "backend": backend, "steps": "0"}, emulator,
+                                      steps=1, net_factory=factory)
+            emulator.drain()
+        finally:
+            emulator.close()
+        assert summary.problems == [] and summary.captured_steps == [0]
+        outputs[name] = read_output(str(tmp_path / name), 0)
+        launched[name] = len(emulator.written_files)
+    (leaves_on, arrays_on), (leaves_off, arrays_off) = outputs["on"], outputs["off"]
+    assert any(".split." in entry for entry, _, _ in leaves_off)
+    split_calls = {entry for entry, _, _ in leaves_on if entry.startswith("Cell.split.") and ".forward." in entry}
+    assert split_calls and not any(entry.endswith(".forward.1") for entry in split_calls)  # no second call
+    assert leaves_on.keys() == leaves_off.keys() and launched["on"] == launched["off"]
+    for key, leaf in leaves_off.items():
+        assert {k: v for k, v in leaves_on[key].items()} == leaf, key
+    assert arrays_on.keys() == arrays_off.keys()
+    for file_name, array in arrays_off.items():
+        np.testing.assert_array_equal(arrays_on[file_name], array, err_msg=file_name)
+
+
+@pytest.mark.parametrize("mode, backend", [("pynative", None), ("graph", "device_stats")])
 def test_attach_refuses_cells_under_recompute_and_says_how_to_dump(tmp_path, mode, backend):
     cn.set_mode(mode)
     net = cn.make_net()
@@ -82,7 +120,7 @@ def test_attach_refuses_cells_under_recompute_and_says_how_to_dump(tmp_path, mod
     message = str(caught.value)
     assert "2 selected cells run under recompute ('split', 'split.proj'" in message
     assert "recompute() was called on 'split'" in message
-    assert ("graph mode the tensordump backend's capture ops" if mode == "graph" else "PyNative") in message
+    assert ("graph mode the device_stats backend's capture ops" if mode == "graph" else "PyNative") in message
     assert "second forward call" in message
     assert "Turn recompute off for the dumped run" in message and "recompute: false" in message
     # nothing stays attached: the cells are as built and the network trains

@@ -8,7 +8,7 @@ again: an extra forward call per cell and its gradients filed under it (bench/re
 - Graph mode: the recompute pass clones the recomputed cell's forward nodes into the backward pass;
   a primitive's own ``recompute`` attribute wins over its cell's (``Cell.recompute`` docstring,
   ``mindspore/nn/cell.py``, 2.9), so a backend that marks its capture ops ``recompute(False)``
-  (``CaptureBackend.graph_recompute_safe``: the host backend) records each call once.
+  (``CaptureBackend.graph_recompute_safe``: host, tensordump, kbk_statistics) records each call once.
 - PyNative: ``_RecomputeCell.bprop`` (``mindspore/common/recompute.py``, 2.9) runs the cell under
   ``GradOperation`` again during backward, calling the wrapped constructs of its sub-cells a second
   time; nothing marks that second run for us, so attach refuses.
@@ -51,7 +51,7 @@ def recompute_problem(model, cells: Sequence, graph_mode: bool, backend: str) ->
         return None
     if graph_mode:
         how = (f"the {backend} backend's capture ops are cloned into the backward pass by MindSpore's recompute "
-               "pass (the host backend keeps them out: backend: host)")
+               "pass (the host, tensordump and kbk_statistics backends keep them out: backend: host)")
     else:
         how = "Cell.recompute runs the cell's construct again during backward"
     mode = "graph mode" if graph_mode else "PyNative"

@@ -308,7 +308,9 @@ class AscendEmulator:
 
         def add_prim_attr(key, value):  # Primitive.add_prim_attr: seen by graphs compiled afterwards
             attrs[key] = value
-            if key == "side_effect_io":  # a node with it is kept even when its output is unused
+            # side_effect_io: a node with it is kept even when its output is unused; recompute: the recompute
+            # pass leaves a node whose primitive says False in the forward pass (not cloned into backward)
+            if key in ("side_effect_io", "recompute"):
                 host_op.add_prim_attr(key, value)
 
         tensordump.add_prim_attr = add_prim_attr
@@ -336,6 +338,11 @@ class AscendEmulator:
                 return cast(identity(cast(x, ms.float32), Tensor(code, int32)), ms.bfloat16)
             return identity(x, Tensor(code, int32))
 
+        def add_prim_attr(key, value):  # DumpGradient's own node is the identity (its bprop's TensorDump is not)
+            if key == "recompute":
+                identity.add_prim_attr(key, value)
+
+        dump_gradient.add_prim_attr = add_prim_attr
         return dump_gradient
 
     # ------------------------------------------------------------------ eager stand-ins

@@ -74,6 +74,7 @@ logger = logging.getLogger(__name__)
 
 class TensorDumpBackend(CaptureBackend):
     name = "tensordump"
+    graph_recompute_safe = True  # its dump primitives are marked recompute=False (_mark_forward_primitives)
     stem_separator = "."
     # Statistics backends dump a float32 copy of a bfloat16/float16 value (names.WIDENED_DTYPES):
     # MindSpore's device statistics kernels allocate their result in the input's dtype
@@ -163,10 +164,20 @@ class TensorDumpBackend(CaptureBackend):
     def _mark_forward_primitives(self) -> None:
         """``td_flag`` names the kernel by its file in the statistics dump (debug_actor.cc AscendKbkDump);
         ``side_effect_io=False`` lets the scheduler move it (it lives through ``depend``). MindSpore
-        sets both on the TensorDump inside DumpGradient (grad_debug_ops.py), msprobe 26.2 on its own."""
+        sets both on the TensorDump inside DumpGradient (grad_debug_ops.py), msprobe 26.2 on its own.
+
+        ``recompute=False`` on the TensorDumps and on DumpGradient keeps them out of MindSpore's recompute
+        pass: a cell under ``Cell.recompute()`` has its forward nodes cloned into the backward pass, and a
+        primitive's own ``recompute`` attribute wins over its cell's (``Cell.recompute`` and
+        ``Primitive.recompute`` docstrings, ``mindspore/nn/cell.py`` and ``mindspore/ops/primitive.py``, 2.9),
+        so each dump runs once, in the forward pass, as without recompute (DumpGradient's output is kept
+        instead of recomputed; its bprop's TensorDump is built in the backward pass and runs once anyway).
+        What ``Primitive.recompute(False)`` sets, set directly (``capture/recompute.py``)."""
         for primitive in (self.primitives.dump_out, self.primitives.dump_in):
             primitive.add_prim_attr("td_flag", True)
             primitive.add_prim_attr("side_effect_io", False)
+        for primitive in (self.primitives.dump_out, self.primitives.dump_in, self.primitives.dump_gradient):
+            primitive.add_prim_attr("recompute", False)
 
     def begin_step(self, step: int, captured: bool) -> bool:
         if not self.graph_mode:
