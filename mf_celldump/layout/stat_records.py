@@ -9,7 +9,7 @@ NaN Mean alone is not a NaN when Max or Min is infinite; the counts, when dumped
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -30,6 +30,14 @@ def number(value: Any) -> Optional[float]:
             return float(value.strip())
         except ValueError:
             return None
+    return None
+
+
+def whole_shape(record: Mapping[str, Any]) -> Optional[List[int]]:
+    """The record's shape when it is a list of whole numbers (``[]``: a scalar), else None (absent or forged)."""
+    shape = record.get("shape")
+    if isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return shape
     return None
 
 

@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from mf_celldump.dtypes import canonical_dtype
 from mf_celldump.layout.slots import tensor_slots, weight_records
-from mf_celldump.layout.stat_records import number
+from mf_celldump.layout.stat_records import number, whole_shape
 
 SAFETY = 4.0
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
@@ -80,9 +80,8 @@ def _records(body: Dict[str, Any], direction: str):
 
 
 def _elements_and_rms(record: Dict[str, Any]) -> Tuple[int, float]:
-    shape = record.get("shape")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                            for d in shape)):
+    shape = whole_shape(record)
+    if shape is None:
         return 1, 0.0
     elements = math.prod(shape) if shape else 1
     norm = number(record.get("Norm"))

@@ -33,7 +33,7 @@ from mf_celldump.dtypes import canonical_dtype, dtype_names
 from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, layer_of, parse_entry_name
 from mf_celldump.layout.slots import slot_record, tensor_slots, weight_records
-from mf_celldump.layout.stat_records import STATS, number
+from mf_celldump.layout.stat_records import STATS, number, whole_shape
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
 
@@ -97,8 +97,8 @@ class UnitSize:
         self.entries += 1
         for _, _, _, record, _ in _slots(direction, body):
             self.tensors += 1
-            shape = record.get("shape")
-            if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+            shape = whole_shape(record)
+            if shape is not None:
                 self.elements += math.prod(shape)
 
 
@@ -407,8 +407,7 @@ def record_problem(record: Dict[str, Any]) -> str:
     """What makes a tensor record unreadable as one ("" when nothing): a shape that is not a list of whole
     numbers, a statistic that is neither a number nor "inf"/"nan"."""
     shape = record.get("shape")
-    if shape is not None and not (isinstance(shape, list) and all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+    if shape is not None and whole_shape(record) is None:
         return f"shape {shape!r} is not a list of whole numbers"
     for key in STATS:
         value = record.get(key)
