@@ -18,8 +18,8 @@ from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Opti
 
 import yaml
 
-from mf_celldump.errors import ConfigError
-from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
+from mf_celldump.errors import ConfigError, ReplicaSpecError
+from mf_celldump.ranks.groups import ReplicaGroups
 from mf_celldump.statistics import STATISTICS
 from mf_celldump.watch import WatchRules
 

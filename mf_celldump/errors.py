@@ -29,6 +29,19 @@ class ReplicaSpecError(ConfigError):
     """A ``replica_groups`` / ``--replicas`` value is not understood; the message shows the valid syntax."""
 
 
+class EntryError(MappingError):
+    """A mapping entry string does not follow the entry syntax; ``reason`` says why, ``column`` where."""
+
+    def __init__(self, reason: str, column: int):
+        super().__init__(f"column {column}: {reason}")
+        self.reason = reason
+        self.column = column
+
+
+class RuleError(MappingError):
+    """A compare rule of a mapping entry is unknown or has a bad value; the message says what is valid."""
+
+
 class ModelSpecError(CellDumpError, ValueError):
     """A model to check a layer mapping against cannot be built (unknown name, import failed, not a cell)."""
 
@@ -41,6 +54,10 @@ class UnsafePathError(CellDumpError, ValueError):
 
 class AttachError(CellDumpError, RuntimeError):
     """The network cannot be captured as asked (wrong type, already attached, bad path, a detached handle)."""
+
+
+class WrapperError(AttachError):
+    """A cell around the model that cannot be understood; attach refuses it."""
 
 
 class DumpInUseError(AttachError):
@@ -94,10 +111,24 @@ class NpyReadError(RawDataError):
     """One raw ``.npy`` file is truncated or corrupt; it is reported and the others are processed."""
 
 
+class IndexFileError(CellDumpError, OSError):
+    """The on-disk index of a large records file could not be written or read (a full disk, most often); an
+    ``OSError``, so the step takes its usual file-system path and its raw data is kept."""
+
+
 # -- reading a dump in msprobe's layout ----------------------------------------------------------------
 
 class DumpError(CellDumpError, ValueError):
     """A dump folder or ``dump.json`` cannot be read as msprobe's layout; the message names the file."""
+
+
+class TensorFileError(DumpError):
+    """A tensor file is missing, outside the dump, or unreadable; the message names it, ``why`` says
+    what is wrong without the path (for counting alike failures together)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path}: {why}")
+        self.why = why
 
 
 class SummaryError(CellDumpError, ValueError):
@@ -108,6 +139,14 @@ class SummaryError(CellDumpError, ValueError):
 
 class CompareInputError(CellDumpError, ValueError):
     """The inputs cannot be compared (no dump, nothing pairs, bad option); the message says why."""
+
+
+class ShardError(CompareInputError):
+    """Shards that cannot be put together as their rule says; the message names the entry, tensor and rule."""
+
+
+class NotComparable(CellDumpError, ValueError):
+    """A pair of tensors cannot be compared element by element; the message says why."""
 
 
 class RankCheckError(CellDumpError, ValueError):

@@ -11,8 +11,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from mf_celldump.errors import ManifestError
 from mf_celldump.processing.driver import process_dump
-from mf_celldump.processing.errors import ManifestError
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import REPO, A, F, build_dump, lie_about_shape, limited_python, raw_files, run_cli
 from tests.support.rawdump_builder import RawDumpBuilder, kbk_rows

@@ -15,8 +15,9 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 import pytest
 
-from mf_celldump.analysis.compare.shard_merge import Group, GroupMerger, MergeNotes, ShardError, plan
+from mf_celldump.analysis.compare.shard_merge import Group, GroupMerger, MergeNotes, plan
 from mf_celldump.cli import main as cli_main
+from mf_celldump.errors import ShardError
 from mf_celldump.layout.reader import DumpJson, RankDump
 from mf_celldump.statistics import compute_statistics
 

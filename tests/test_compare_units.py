@@ -9,6 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from mf_celldump import errors
 from mf_celldump.analysis.compare import metrics, thresholds, transforms
 from mf_celldump.analysis.compare.pairing import map_slot
 from mf_celldump.cli import main as celldump_main
@@ -106,7 +107,7 @@ def test_qkv_split_per_query_group_and_chunks():
             fused, want.shape, parse_rules((("split", f"qkv:{part}"),)), True, False, groups
         )
         np.testing.assert_array_equal(got, want)
-    with pytest.raises(transforms.NotComparable, match="--qkv-groups"):
+    with pytest.raises(errors.NotComparable, match="--qkv-groups"):
         transforms.to_target(fused, q.shape, rules, True, False, None)
     gate_up = np.concatenate([q, q * 2], axis=-1)
     silu = parse_rules((("split", "chunk:0/2"), ("act", "silu")))
@@ -121,7 +122,7 @@ def test_layout_swap_reshape_and_mismatch():
     )
     flat = transforms.to_target(sbh, (32, 8), rules, False, False)
     np.testing.assert_array_equal(flat, sbh.swapaxes(0, 1).reshape(32, 8))
-    with pytest.raises(transforms.NotComparable, match="shape"):
+    with pytest.raises(errors.NotComparable, match="shape"):
         transforms.to_target(sbh, (2, 16, 4), rules, False, False)
     assert transforms.describe(CompareRules(layout="sbh", split=Split("chunk", "1", 2)), True, True) == (
         "sbh->bsh, split chunk:1/2"
@@ -242,18 +243,18 @@ def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
     data_dir = os.path.join(folder, "dump_tensor_data")
     outside = tmp_path / "outside.npy"
     np.save(outside, np.zeros(3))
-    with pytest.raises(tensors.TensorFileError, match="not a plain file name"):
+    with pytest.raises(errors.TensorFileError, match="not a plain file name"):
         tensors.data_path(data_dir, {"data_name": "../outside.npy"})
     os.symlink(outside, os.path.join(data_dir, "link.npy"))
-    with pytest.raises(tensors.TensorFileError, match="symlink"):
+    with pytest.raises(errors.TensorFileError, match="symlink"):
         tensors.load(tensors.data_path(data_dir, {"data_name": "link.npy"}))
     os.mkdir(os.path.join(data_dir, "folder.npy"))
-    with pytest.raises(tensors.TensorFileError, match="not a regular file"):
+    with pytest.raises(errors.TensorFileError, match="not a regular file"):
         tensors.load(os.path.join(data_dir, "folder.npy"))
-    with pytest.raises(tensors.TensorFileError, match="missing"):
+    with pytest.raises(errors.TensorFileError, match="missing"):
         tensors.load(os.path.join(data_dir, "absent.npy"))
     np.save(os.path.join(data_dir, "strings.npy"), np.array(["abc"]))
-    with pytest.raises(tensors.TensorFileError, match="not numbers"):
+    with pytest.raises(errors.TensorFileError, match="not numbers"):
         tensors.load(os.path.join(data_dir, "strings.npy"))
     # in a comparison, a file that cannot be read leaves the pair to its statistics, with the reason
     name = "Cell.block.fc1.Dense.forward.0.output.0.npy"

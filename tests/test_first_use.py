@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mf_celldump.config import ConfigError, DumpConfig
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import ConfigError
 from mf_celldump.processing.driver import process_dump
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import REPO, A, F, build_dump, limited_python, run_cli
@@ -54,7 +55,8 @@ def test_alias_bomb_in_any_key_is_a_short_message_within_300_mb(tmp_path):
         paths.append(str(path))
     code = textwrap.dedent(f"""
         import sys, yaml; sys.path.insert(0, {REPO!r})
-        from mf_celldump.config import ConfigError, DumpConfig
+        from mf_celldump.config import DumpConfig
+        from mf_celldump.errors import ConfigError
         for path in {paths!r}:
             with open(path) as handle:
                 data = yaml.safe_load(handle)

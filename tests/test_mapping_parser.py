@@ -6,12 +6,11 @@ import textwrap
 
 import pytest
 
-from mf_celldump.config import ConfigError
+from mf_celldump.errors import ConfigError, MappingError
 from mf_celldump.mapping import (
     TOP_LAYER,
     ArgModes,
     LayerMapping,
-    MappingError,
     bundled_classes,
     bundled_names,
     load_bundled,

@@ -16,11 +16,11 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Set, Tuple
 
-from mf_celldump.errors import DumpInUseError
+from mf_celldump.errors import DumpInUseError, ManifestError
 from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.rawformat import names
-from mf_celldump.rawformat.manifest import CellRecord, Manifest, ManifestError, load_manifest
+from mf_celldump.rawformat.manifest import CellRecord, Manifest, load_manifest
 
 
 @dataclass

@@ -21,13 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from packaging.version import InvalidVersion, Version
 
 from mf_celldump import __version__
-from mf_celldump.capture.backends import (
-    BackendContext,
-    BackendSetupError,
-    CaptureBackend,
-    choose_backend,
-    create_backend,
-)
+from mf_celldump.capture.backends import BackendContext, CaptureBackend, choose_backend, create_backend
 from mf_celldump.capture.construct import GradientGapLog, InstalledConstruct, install, surplus_mode_warnings
 from mf_celldump.capture.graph_switch import GraphSwitch, finds_compiling_cell
 from mf_celldump.capture.graph_wrapper import GeneratedSources, graph_construct
@@ -37,12 +31,12 @@ from mf_celldump.capture.parallel_layout import parallel_layout
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.recompute import recompute_problem
-from mf_celldump.capture.run_identity import DumpInUseError, claim
+from mf_celldump.capture.run_identity import claim
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
-from mf_celldump.capture.wrappers import WrapperError, peel
+from mf_celldump.capture.wrappers import peel
 from mf_celldump.config import DumpConfig, short_repr
-from mf_celldump.errors import AttachError, StepError
+from mf_celldump.errors import AttachError, BackendSetupError, DumpInUseError, StepError, WrapperError
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY, WATCH_KEY
 from mf_celldump.mapping import ArgModes

@@ -37,7 +37,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from mf_celldump.errors import AttachError
+from mf_celldump.errors import WrapperError
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +61,6 @@ KNOWN = {
     "MicroBatchInterleaved": ("network", INTERLEAVE, "interleave_num"),
 }
 DATASET_PRIMITIVES = ("_VirtualDataset", "GetNext")
-
-
-class WrapperError(AttachError):
-    """A cell around the model that cannot be understood; attach refuses it."""
 
 
 @dataclass(frozen=True)

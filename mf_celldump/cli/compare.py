@@ -15,13 +15,12 @@ from typing import Any
 
 from mf_celldump.analysis.compare import shards, thresholds, workers
 from mf_celldump.analysis.compare.coverage import MIN_COVERAGE
-from mf_celldump.analysis.compare.engine import CompareInputError, run
+from mf_celldump.analysis.compare.engine import run
 from mf_celldump.analysis.compare.report import COMMON_FACTOR, DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareRequest
 from mf_celldump.analysis.compare.summary import advice, format_summary, plain, to_json
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, emit, parse_selection
-from mf_celldump.config import ConfigError
-from mf_celldump.layout.reader import DumpError
-from mf_celldump.mapping import AUTO, MappingError
+from mf_celldump.errors import CompareInputError, ConfigError, DumpError, MappingError
+from mf_celldump.mapping import AUTO
 
 logger = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
+from mf_celldump.errors import AttachError
 from mf_celldump.integrations.background import BackgroundProcessor
 from mf_celldump.integrations.rank_verdict import RankVerdict, world_size
 from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
@@ -115,7 +116,7 @@ class TrainingRun:
         """Attach to ``network`` unless this run already did; returns the handle."""
         if self.dump is not None:
             return self.dump
-        from mf_celldump.capture.session import AttachError, attach  # refuses a network that already has a dump
+        from mf_celldump.capture.session import attach  # late: the capture session pulls in MindSpore
 
         RankVerdict.check(self.config)  # a verdict asked for that cannot be served: refused before anything changes
         self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)

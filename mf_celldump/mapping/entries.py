@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from mf_celldump.errors import MappingError as MappingError  # public: importable from here, as before
 from mf_celldump.mapping.compare_rules import CompareRules, RuleValue, format_rules, parse_rules
 
 MODE_IN = "in"

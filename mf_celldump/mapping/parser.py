@@ -16,8 +16,9 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from mf_celldump.config import read_yaml_text, yaml_events
-from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleError, RuleValue, check_rule
-from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError
+from mf_celldump.errors import EntryError, MappingError, RuleError
+from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleValue, check_rule
+from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping
 
 ENTRY_SYNTAX = (
     "benchName([input modes], [output modes]) with modes in, out or _ (e.g. linear_q([in], [out])), "
@@ -30,15 +31,6 @@ _RULE_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STR_TAG = "tag:yaml.org,2002:str"
 _INT_TAG = "tag:yaml.org,2002:int"
 _NULL_TAG = "tag:yaml.org,2002:null"
-
-
-class EntryError(MappingError):
-    """An entry string does not follow the entry syntax; ``reason`` says why."""
-
-    def __init__(self, reason: str, column: int):
-        super().__init__(f"column {column}: {reason}")
-        self.reason = reason
-        self.column = column
 
 
 class _Scanner:

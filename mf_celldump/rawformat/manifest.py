@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
-from mf_celldump.errors import ManifestError
-from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
+from mf_celldump.errors import ManifestError, UnsafePathError
+from mf_celldump.fsutil import atomic_write_json, read_json_inside
 
 FORMAT = "mf_celldump-raw/3"
 MAX_MICRO_BATCHES = 1 << 20

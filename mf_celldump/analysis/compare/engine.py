@@ -31,8 +31,8 @@ from mf_celldump.analysis.compare.report import (
 from mf_celldump.analysis.compare.sources import RankFolder, Unit
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.workers import Workers
-from mf_celldump.errors import CompareInputError
-from mf_celldump.layout.reader import DumpError, RankDump, find_rank_dumps
+from mf_celldump.errors import CompareInputError, DumpError
+from mf_celldump.layout.reader import RankDump, find_rank_dumps
 from mf_celldump.mapping import AUTO, LayerMapping, resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
 

@@ -24,7 +24,8 @@ import numpy as np
 from mf_celldump.analysis.compare import metrics, tensors
 from mf_celldump.analysis.compare.sources import DumpSide
 from mf_celldump.analysis.compare.thresholds import Thresholds
-from mf_celldump.analysis.compare.transforms import NotComparable, Plan
+from mf_celldump.analysis.compare.transforms import Plan
+from mf_celldump.errors import NotComparable
 from mf_celldump.layout import stat_records
 
 TENSOR, STATISTICS = "tensor", "statistics"

@@ -36,11 +36,11 @@ from mf_celldump.analysis.compare import thresholds as thresholds_mod
 from mf_celldump.analysis.compare.pairing import map_slot
 from mf_celldump.analysis.compare.report import CompareRequest, CompareResult
 from mf_celldump.analysis.compare.shard_infer import Inference, infer_rules, other_shapes
-from mf_celldump.analysis.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, ShardError, plan
+from mf_celldump.analysis.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, plan
 from mf_celldump.dtypes import canonical_dtype
-from mf_celldump.errors import CompareInputError
+from mf_celldump.errors import CompareInputError, DumpError, ShardError
 from mf_celldump.layout.naming import FORWARD, PARALLEL_KEY, parse_entry_name, parse_parameters_grad_name
-from mf_celldump.layout.reader import DumpError, DumpJson, RankDump, find_rank_dumps
+from mf_celldump.layout.reader import DumpJson, RankDump, find_rank_dumps
 from mf_celldump.layout.slots import slot_record
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import DEFAULT_SHARDS, CompareRules, parse_rules
