@@ -120,7 +120,7 @@ def _celldump_entry(config) -> dict:
 
 def _selected_steps(config):
     """The steps the CellDumpCallback entry selects (None: every step)."""
-    from mf_celldump.config import IndexSelection
+    from mf_celldump.userinput import IndexSelection
 
     steps = _celldump_entry(config).get("steps")
     return None if steps is None else IndexSelection.parse(steps, "steps")

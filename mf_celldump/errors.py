@@ -5,10 +5,14 @@ can act on a kind of failure catches its class. Each class here is one such kind
 module that needs a finer, internally caught error subclasses one of them. Classes that
 were ``ValueError``/``RuntimeError``/``OSError`` before keep that base too, so existing
 ``except ValueError`` callers behave as they did. This module imports nothing from the
-package, so every module may import it.
+package, so every module may import it; ``short_repr`` is how a bad value appears in a
+message (bounded, whatever the value's size).
 """
 
 from __future__ import annotations
+
+import reprlib
+from typing import Any
 
 
 class CellDumpError(Exception):
@@ -156,3 +160,18 @@ class RankCheckError(CellDumpError, ValueError):
 class MissingExtra(CellDumpError, RuntimeError):
     """An optional dependency of an analysis tool (the ``compare`` extra) is not installed; the message says
     what needs it and how to install it."""
+
+
+# Values in messages are shown through reprlib: a short text whatever the value's size or
+# depth (a YAML alias bomb expands to billions of items when fully repr'd).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = _SHORT.maxfrozenset = 4
+_SHORT.maxlevel = 2
+SHORT_REPR_MAX = 120
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to at most ``SHORT_REPR_MAX`` characters, in time independent of the value's size."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= SHORT_REPR_MAX else text[: SHORT_REPR_MAX - 3] + "..."

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mf_celldump.config import BACKENDS, DATA_MODES, DEFAULT_STATISTICS, STATISTICS, TASKS, DumpConfig, IndexSelection
+from mf_celldump.config import BACKENDS, DATA_MODES, DumpConfig
 from mf_celldump.errors import ConfigError, MappingError
+from mf_celldump.statistics import DEFAULT_STATISTICS, STATISTICS, TASKS
+from mf_celldump.userinput import IndexSelection
 
 
 def config_error(values, *fragments):

@@ -21,9 +21,10 @@ import pytest
 from mindspore import Tensor
 
 from mf_celldump.analysis.anomalies import scan
-from mf_celldump.config import DumpConfig, IndexSelection
+from mf_celldump.config import DumpConfig
 from mf_celldump.errors import ConfigError
 from mf_celldump.integrations.watching import StepWatch, signals_from_outputs, stopping_callbacks_before
+from mf_celldump.userinput import IndexSelection
 from mf_celldump.watch import MIN_HISTORY, StepSignals, Watch, WatchRules
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "watch_train.py")

@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.config import IndexSelection
 from mf_celldump.errors import DumpError
 from mf_celldump.layout import stat_records
 from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
 from mf_celldump.layout.reader import DumpJson, find_rank_dumps
 from mf_celldump.layout.slots import tensor_slots
 from mf_celldump.layout.stat_records import slot_anomaly
+from mf_celldump.userinput import IndexSelection
 
 
 @dataclass

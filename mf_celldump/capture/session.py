@@ -35,8 +35,8 @@ from mf_celldump.capture.run_identity import claim
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
 from mf_celldump.capture.wrappers import peel
-from mf_celldump.config import DumpConfig, short_repr
-from mf_celldump.errors import AttachError, BackendSetupError, DumpInUseError, StepError, WrapperError
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import AttachError, BackendSetupError, DumpInUseError, StepError, WrapperError, short_repr
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY, WATCH_KEY
 from mf_celldump.mapping import ArgModes

@@ -12,8 +12,8 @@ import logging
 import sys
 
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
-from mf_celldump.config import resolve_jobs
 from mf_celldump.errors import ConfigError, ProcessingError, UnsafePathError
+from mf_celldump.userinput import resolve_jobs
 
 logger = logging.getLogger(__name__)
 

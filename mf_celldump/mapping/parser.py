@@ -15,10 +15,10 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from mf_celldump.config import read_yaml_text, yaml_events
 from mf_celldump.errors import EntryError, MappingError, RuleError
 from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleValue, check_rule
 from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping
+from mf_celldump.userinput import read_yaml_text, yaml_events
 
 ENTRY_SYNTAX = (
     "benchName([input modes], [output modes]) with modes in, out or _ (e.g. linear_q([in], [out])), "

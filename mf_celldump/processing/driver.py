@@ -12,7 +12,6 @@ import stat
 from typing import Iterable, List, Optional, Set, Tuple, Union
 
 from mf_celldump import fsutil
-from mf_celldump.config import IndexSelection, resolve_jobs, short_repr
 from mf_celldump.errors import (
     DumpNotFoundError,
     EmptyDumpError,
@@ -20,6 +19,7 @@ from mf_celldump.errors import (
     NotACaptureDumpError,
     ProcessingError,
     UnsafePathError,
+    short_repr,
 )
 from mf_celldump.layout import naming
 from mf_celldump.processing import raw_cleanup, space
@@ -31,6 +31,7 @@ from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import manifest as raw_manifest
 from mf_celldump.rawformat import names
 from mf_celldump.rawformat.scan import StepSource, find_rank_dirs, find_steps
+from mf_celldump.userinput import IndexSelection, resolve_jobs
 
 logger = logging.getLogger(__name__)
 

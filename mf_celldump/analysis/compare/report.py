@@ -21,9 +21,9 @@ from mf_celldump.analysis.compare import thresholds
 from mf_celldump.analysis.compare.coverage import MIN_COVERAGE, Coverage
 from mf_celldump.analysis.compare.pairing import ACTIVATION, WEIGHT, WEIGHT_GRAD
 from mf_celldump.analysis.compare.store import Store
-from mf_celldump.config import IndexSelection
 from mf_celldump.layout.naming import FORWARD
 from mf_celldump.mapping import AUTO
+from mf_celldump.userinput import IndexSelection
 
 NEXT_COUNT = 5
 UPSTREAM_COUNT = 20
