@@ -136,7 +136,7 @@ class TensorFileError(DumpError):
 
 
 class SummaryError(CellDumpError, ValueError):
-    """A rank-summary file or message is not one ``ranks.summary`` writes; the message names its source."""
+    """A rank-summary file or message is not one ``ranks.rank_summary`` writes; the message names its source."""
 
 
 # -- the analysis tools -------------------------------------------------------------------------------

@@ -109,14 +109,14 @@ def test_the_core_is_every_module_but_analysis_and_cli_and_its_lazy_names_are_re
 
 
 WAYS_TO_IMPORT = {
-    "import": "import mf_celldump.analysis.ranks\n",
+    "import": "import mf_celldump.analysis.replica_report\n",
     "from import": "from mf_celldump.analysis.compare import engine\n",
     "submodule by from": "from mf_celldump import analysis\n",
     "relative": "from ..analysis import ranks\n",
     "relative submodule": "from .. import analysis\n",
     "import_module": "import importlib\nimportlib.import_module('mf_celldump.analysis.compare')\n",
     "__import__": "__import__('pandas')\n",
-    "lazy table": "_LAZY = {'x': ('mf_celldump.analysis.ranks', 'summarize')}\n",
+    "lazy table": "_LAZY = {'x': ('mf_celldump.analysis.replica_report', 'summarize')}\n",
     "inside a function": "def plot():\n    import matplotlib.pyplot as plt\n",
 }
 

@@ -18,13 +18,13 @@ import tracemalloc
 
 import pytest
 
-from mf_celldump.analysis.ranks import CheckRequest, run
+from mf_celldump.analysis.replica_report import CheckRequest, run
 from mf_celldump.cli import main as cli_main
 from mf_celldump.config import DumpConfig
 from mf_celldump.errors import ConfigError, ExchangeError, ReplicaSpecError
 from mf_celldump.ranks.groups import ReplicaGroups
+from mf_celldump.ranks.rank_summary import from_bytes, summarize
 from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks
-from mf_celldump.ranks.summary import from_bytes, summarize
 from tests.support.synthetic_ranks import Fault, write_dump
 
 WQ = "model.layers.2.attention.wq"

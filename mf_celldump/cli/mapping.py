@@ -18,7 +18,7 @@ from mf_celldump.cli.conventions import ExitCode, bad_input
 from mf_celldump.errors import MappingError, ModelSpecError
 from mf_celldump.mapping.baseline_names import resolve_cells
 from mf_celldump.mapping.check import cells_with_classes, check_mapping, dump_cells
-from mf_celldump.mapping.entries import format_mapping
+from mf_celldump.mapping.modes import format_mapping
 from mf_celldump.mapping.partners import find_partners, format_partners
 from mf_celldump.mapping.resolve import AUTO, bundled_classes, bundled_names, load_one, named_classes, resolve_mapping
 from mf_celldump.mapping.sample_networks import BUILTIN_MODELS, build_model

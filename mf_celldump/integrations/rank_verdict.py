@@ -1,7 +1,7 @@
 """The verdict across ranks at train end, with no shared file system: rank 0 logs one line per captured step.
 
 Each rank's processing reduces every captured step to its rank summary (kilobytes, made by
-the processing worker beside training, ``ranks.summary``); the summary goes to rank 0's
+the processing worker beside training, ``ranks.rank_summary``); the summary goes to rank 0's
 store (``rank_exchange``) from a thread of its own as soon as it exists. When training
 ends each rank posts which steps it summarised. Rank 0 waits for those posts at most
 ``rank_verdict_timeout`` seconds after its own processing finished, then checks the
@@ -27,9 +27,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from mf_celldump.config import DumpConfig
 from mf_celldump.errors import AttachError, ExchangeError, SummaryError
 from mf_celldump.integrations import rank_exchange
-from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks
-from mf_celldump.ranks.summary import from_bytes, from_json
-from mf_celldump.ranks.verdict import step_line
+from mf_celldump.ranks.rank_summary import from_bytes, from_json
+from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks, step_line
 
 logger = logging.getLogger(__name__)
 

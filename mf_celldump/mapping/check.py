@@ -19,7 +19,7 @@ from mf_celldump.errors import DumpError
 from mf_celldump.layout.naming import parse_entry_name
 from mf_celldump.layout.reader import DumpJson, find_rank_dumps
 from mf_celldump.mapping.baseline_names import NOT_DUMPED
-from mf_celldump.mapping.entries import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
+from mf_celldump.mapping.modes import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
 from mf_celldump.mapping.resolve import child_name, modes_for_network, named_classes
 
 # Containers are never called themselves and their items are numbered, which the

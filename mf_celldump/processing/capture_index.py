@@ -30,7 +30,7 @@ from mf_celldump.processing import msprobe_json
 from mf_celldump.processing.entries import Entry
 from mf_celldump.processing.entry_build import BodyOf
 from mf_celldump.processing.space import human
-from mf_celldump.rawformat.captured import Capture, LineOrigin
+from mf_celldump.rawformat.keys import Capture, LineOrigin
 from mf_celldump.rawformat.manifest import CellRecord
 from mf_celldump.rawformat.records import Interned, RecordsRead, decode_record, read_records_stream
 

@@ -25,7 +25,7 @@ from mf_celldump.layout import naming
 from mf_celldump.processing import raw_cleanup, space
 from mf_celldump.processing.existing_output import has_output, output_steps
 from mf_celldump.processing.observer import ProcessingObserver, ProgressObserver
-from mf_celldump.processing.report import ProcessingReport, ranges
+from mf_celldump.processing.outcome import ProcessingReport, ranges
 from mf_celldump.processing.step_transaction import RankContext, StepOutcome, process_step
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import manifest as raw_manifest

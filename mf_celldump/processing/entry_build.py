@@ -28,7 +28,7 @@ from mf_celldump.processing.entries import (
     implausible_calls,
     link_parents,
 )
-from mf_celldump.rawformat.captured import Capture
+from mf_celldump.rawformat.keys import Capture
 from mf_celldump.rawformat.manifest import CellRecord, Manifest
 
 BodyOf = Callable[[Entry], dict]  # an entry's dump.json body (msprobe_json.entry_json with the step's files)

@@ -15,7 +15,6 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 from mf_celldump.dtypes import mindspore_dtype_name
 from mf_celldump.layout import naming
 from mf_celldump.processing.entries import Entry
-from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import (
     KIND_NONE,
     KIND_TENSOR,
@@ -24,6 +23,7 @@ from mf_celldump.rawformat.keys import (
     SLOT_WEIGHT,
     SLOT_WEIGHT_GRAD,
     WEIGHT_SLOTS,
+    Capture,
 )
 from mf_celldump.rawformat.manifest import CellRecord
 

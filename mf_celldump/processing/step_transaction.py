@@ -38,9 +38,8 @@ from mf_celldump.processing.observer import ProcessingObserver
 from mf_celldump.processing.outcome import StepOutcome
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import markers, names
-from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.kbk_csv import captured_directions, read_statistic_csvs
-from mf_celldump.rawformat.keys import KIND_TENSOR
+from mf_celldump.rawformat.keys import KIND_TENSOR, Capture
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.scan import StepSource, list_step_files, step_folder_digest
 

@@ -18,7 +18,7 @@ from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.fsutil import child, is_temp_name, open_own_file
 from mf_celldump.rawformat import markers, names
-from mf_celldump.rawformat.captured import Capture
+from mf_celldump.rawformat.keys import Capture
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.records import RecordsRead, read_records_stream
 

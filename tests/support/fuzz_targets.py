@@ -360,7 +360,7 @@ mapping_fragments = st.sampled_from(["LLamaDecodeLayer:\n", "TopLayer:\n", "  at
 @given(st.one_of(st.lists(mapping_fragments | st.text(max_size=6), max_size=30).map("".join), st.text(max_size=200)))
 def mapping(text):
     """The layer-mapping parser (mf_celldump/mapping/parser.py), read-only here."""
-    from mf_celldump.mapping.entries import LayerMapping
+    from mf_celldump.mapping.modes import LayerMapping
     from mf_celldump.mapping.parser import parse_entry, parse_mapping_text
 
     COUNTS["mapping"] += 1

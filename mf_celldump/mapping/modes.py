@@ -79,10 +79,6 @@ class LayerMapping:
     top_layer: Dict[str, ArgModes] = field(default_factory=dict)
     sources: Tuple[str, ...] = ()
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.top_layer and not any(self.classes.values())
-
     def entry_count(self) -> int:
         return len(self.top_layer) + sum(len(children) for children in self.classes.values())
 
