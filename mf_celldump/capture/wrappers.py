@@ -90,10 +90,6 @@ class Peeled:
     model: object
     model_where: str
 
-    @property
-    def chain(self) -> List[object]:
-        return [layer.cell for layer in self.layers] + [self.model]
-
 
 def peel(network) -> Peeled:
     """Every wrapper around the user model in ``network``; raises ``WrapperError`` for one it cannot read."""
