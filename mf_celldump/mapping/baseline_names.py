@@ -45,10 +45,6 @@ class Resolution:
     entry: Optional[ArgModes]  # the entry whose key ended at this cell (None: name kept)
     renamed_by: Tuple[ArgModes, ...]  # every entry used on the walk, root first
 
-    @property
-    def renamed(self) -> bool:
-        return bool(self.renamed_by)
-
 
 class MsprobeView:
     """A layer mapping as msprobe's compare reads it: section -> first part -> candidates, longest first."""
