@@ -11,15 +11,8 @@ from typing import Any, Dict, List, Optional
 
 from mf_celldump.analysis.compare.coverage import Coverage, Part
 from mf_celldump.analysis.compare.pairing import WEIGHT, WEIGHT_GRAD
-from mf_celldump.analysis.compare.report import (
-    COMMON_FACTOR,
-    DIVERGED,
-    LOW_COVERAGE,
-    NOTHING,
-    WITHIN,
-    CompareResult,
-    json_ready,
-)
+from mf_celldump.analysis.compare.report import json_ready
+from mf_celldump.analysis.compare.request import COMMON_FACTOR, DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult
 from mf_celldump.analysis.compare.verdicts import factor_text, per_step_text, steps_text
 
 REASON_LINES = 8
@@ -90,7 +83,7 @@ def headline(result: CompareResult) -> str:
     verdict, first = result.verdict, result.first
     if verdict == DIVERGED and first is not None and (not result.factors or first.direction not in [
             f["direction"] for f in result.factors]):
-        return (f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} rank {first.rank}): {first.entry}")
+        return (f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} {first.rank_text}): {first.entry}")
     if verdict in (DIVERGED, COMMON_FACTOR):
         return _what_differs(result)
     if verdict == NOTHING:
