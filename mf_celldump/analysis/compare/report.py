@@ -62,6 +62,7 @@ class Divergence:
     last_ok: Optional[str] = None
     upstream_unpaired: List[Dict[str, str]] = field(default_factory=list)
     launched: Optional[LaunchedRanks] = None
+    data_differ: bool = False  # the cell's inputs are the model's inputs at the step, and they differ
 
     @property
     def ranks(self) -> List[int]:
@@ -92,9 +93,21 @@ class Divergence:
         return ranked[0] if ranked else {}
 
     @property
+    def weights_differ(self) -> List[str]:
+        """The cell's own weights that differ (at the start of its step)."""
+        return [t["slot"] for t in self.tensors if t["kind"] == WEIGHT and t["status"] == "diverged"]
+
+    @property
     def cause_note(self) -> str:
-        """Where to look when the cell's own inputs already differ ("" when they do not)."""
+        """Where to look: the data, the weights the cell computes with, or upstream when its inputs already
+        differ ("" when none of them does)."""
+        if self.data_differ:
+            return (f"its inputs are the model's inputs at {_step_words(self.step)} and they already differ: the data "
+                    "differ (another batch, another shuffle or order of the dataset), not the code")
         if not self.inputs_differ:
+            if self.weights_differ:
+                return (f"it computes with weights that differ at the start of {_step_words(self.step)} "
+                        f"({', '.join(self.weights_differ)}), on inputs that agree")
             return ""
         what = "its inputs already differ" if self.direction == FORWARD else "the gradient it receives already differs"
         if self.upstream_unpaired:
@@ -121,10 +134,16 @@ class Divergence:
             "parents": self.parents,
             "next": self.next,
             "inputs_differ": self.inputs_differ,
+            "data_differ": self.data_differ,
+            "weights_differ": self.weights_differ,
             "cause": self.cause_note,
             "last_ok": self.last_ok,
             "upstream_unpaired": self.upstream_unpaired,
         }
+
+
+def _step_words(step: Optional[int]) -> str:
+    return "the step" if step is None else f"step {step}"
 
 
 def _num(value, default):
@@ -153,10 +172,44 @@ def first_divergence(store: Store, kind: str = ACTIVATION) -> Optional[Divergenc
     found = Divergence(entry, cell, direction, step, rank, folder, pos, kind)
     _fill_tensors(store, found)
     if kind == ACTIVATION:
+        found = _computes_with_changed_weight(store, found)
+        found.data_differ = _model_inputs_differ(store, found)
         found.parents = parents(store, found)
         _fill_upstream(store, found)
         found.next = next_divergent(store, found)
     return found
+
+
+def _computes_with_changed_weight(store: Store, found: Divergence) -> Divergence:
+    """A cell whose inputs already differ, after a cell of the same forward pass that computes with a weight that
+    differs (its own outputs within thresholds): that earlier cell is where the step diverges."""
+    if found.direction != FORWARD or not found.inputs_differ:
+        return found
+    row = store.query(
+        "select pos, entry, cell from pairs where status = 'diverged' and kind = ? and step is ? and rank = ? "
+        "and direction = ? and pos < ? order by pos limit 1",
+        (WEIGHT, found.step, found.rank, FORWARD, found.pos),
+    )
+    if not row:
+        return found
+    pos, entry, cell = row[0]
+    earlier = Divergence(entry, cell, FORWARD, found.step, found.rank, found.folder, pos, ACTIVATION)
+    _fill_tensors(store, earlier)
+    return earlier
+
+
+def _model_inputs_differ(store: Store, found: Divergence) -> bool:
+    """The found cell's inputs differ and no cell but its ancestors runs before it in the step's forward pass:
+    its inputs are the model's, so the data differ."""
+    if found.direction != FORWARD or not found.inputs_differ:
+        return False
+    parts = found.cell.split(".")
+    ancestors = {".".join(parts[:size]) for size in range(1, len(parts))}
+    before = store.query(
+        "select distinct cell from pairs where step is ? and rank = ? and direction = ? and pos < ? limit ?",
+        (found.step, found.rank, FORWARD, found.pos, len(ancestors) + 1),
+    )
+    return all(cell in ancestors for (cell,) in before)
 
 
 def _fill_tensors(store: Store, found: Divergence) -> None:
