@@ -179,3 +179,21 @@ def test_megatron_dump_at_tp2_against_its_tp1_run(tmp_path):
 def test_tensor_parallel_sizes_must_be_positive(tmp_path):
     code, _, err = run_cli(tmp_path, tmp_path, "--target-tp", "0", "-o", tmp_path / "out")
     assert code == 2 and "--target-tp 0" in err
+
+
+def test_a_tensor_parallel_compare_lists_each_dump_roots_folders_once(tmp_path, monkeypatch):
+    """Sizes, rules, merging, inference, the comparison and the rank attribution all work from one listing of
+    each side's rank folders."""
+    pytest.importorskip("torch")
+    from mf_celldump.layout import reader
+
+    for rank in (0, 1):
+        megatron_rank(str(tmp_path / "tp2" / "step0" / f"rank{rank}"), rank, 2)
+    megatron_rank(str(tmp_path / "tp1" / "step0" / "rank"), 0, 1)
+    listed = []
+    real = reader._rank_folders
+    monkeypatch.setattr(reader, "_rank_folders", lambda folder: listed.append(os.path.abspath(folder)) or real(folder))
+    code, result, err = run_cli(tmp_path / "tp2", tmp_path / "tp1", "--target-tp", "2", "-o", tmp_path / "out")
+    assert code == 0, err
+    roots = [path for path in listed if os.path.basename(path) in ("tp1", "tp2")]
+    assert sorted(roots) == [str(tmp_path / "tp1"), str(tmp_path / "tp2")], listed
