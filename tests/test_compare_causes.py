@@ -3,11 +3,13 @@
 Real MindSpore runs of ``tests/support/tp_train.py`` on one process (attention and MLP, SGD,
 task tensor, steps 0-2), each against the same run with one key changed:
 
-* the learning rate (graph mode): step 0 is identical and every weight differs when step 1
-  starts, so the update of step 0 differs, said before the first cell that computes with a
-  changed weight;
-* the batch of step 1 (PyNative): the model's inputs differ at step 1, so the data differ,
-  not "code between cells".
+* the learning rate: step 0 is identical and every weight differs when step 1 starts, so
+  the update of step 0 differs, said before the first cell that computes with a changed
+  weight;
+* the batch of step 1: the model's inputs differ at step 1, so the data differ, not "code
+  between cells".
+
+Graph and PyNative mode, each against its own baseline run (six runs, started together).
 """
 
 from __future__ import annotations
@@ -24,12 +26,9 @@ from mf_celldump.cli import main as celldump_main
 from tests.support.compare_dumps import X, write_dump
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "tp_train.py")
-RUNS = {  # name: (mode, extra arguments)
-    "graph": ("graph", []),
-    "graph_lr": ("graph", ["--lr", "0.003"]),
-    "pynative": ("pynative", []),
-    "pynative_batch": ("pynative", ["--other-batch", "1"]),
-}
+MODES = ("graph", "pynative")
+CHANGES = {"": [], "_lr": ["--lr", "0.003"], "_batch": ["--other-batch", "1"]}
+RUNS = {mode + name: (mode, extra) for mode in MODES for name, extra in CHANGES.items()}  # name: (mode, arguments)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +66,9 @@ def _said_alike(result, text):
     assert _page_data(result["html"])["headline"] == headline
 
 
-def test_a_learning_rate_change_names_the_update_of_step_0_first(runs, tmp_path):
-    code, result, text = compare(runs / "graph_lr", runs / "graph", tmp_path)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_learning_rate_change_names_the_update_of_step_0_first(runs, tmp_path, mode):
+    code, result, text = compare(runs / f"{mode}_lr", runs / mode, tmp_path)
     assert code == 1
     step0 = next(u for u in result["units"] if u["step"] == 0)
     assert step0["diverged"] == 0 and step0["ok"] == step0["tensors"]  # step 0 identical
@@ -86,8 +86,9 @@ def test_a_learning_rate_change_names_the_update_of_step_0_first(runs, tmp_path)
     _said_alike(result, text)
 
 
-def test_another_batch_at_step_1_says_the_data_differ(runs, tmp_path):
-    code, result, text = compare(runs / "pynative_batch", runs / "pynative", tmp_path)
+@pytest.mark.parametrize("mode", MODES)
+def test_another_batch_at_step_1_says_the_data_differ(runs, tmp_path, mode):
+    code, result, text = compare(runs / f"{mode}_batch", runs / mode, tmp_path)
     assert code == 1
     headline = result["headline"]
     assert headline.startswith("DATA DIFFER at step 1: the model's inputs differ (another batch, another shuffle"), \

@@ -254,7 +254,8 @@ def main(argv=None) -> int:
     net = build(rank, args.tp)
     train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), args.lr))
     faults = [{k: (v if k == "cell" else int(v)) for k, v in (i.split("=") for i in f.split(":"))} for f in args.fault]
-    Model(train).train(1, dataset(args.steps, args.other_batch), callbacks=[fault_callback(net, rank, faults), CellDumpCallback(**keys)],
+    callbacks = [fault_callback(net, rank, faults), CellDumpCallback(**keys)]
+    Model(train).train(1, dataset(args.steps, args.other_batch), callbacks=callbacks,
                        dataset_sink_mode=False)
     print(f"rank {rank} finished training", flush=True)
     return 0

@@ -106,14 +106,14 @@ def _causes(result: CompareResult) -> List[str]:
     out = []
     timing, first = result.weight_timing, result.first
     if timing.get("update_of") is not None:
-        out.append(update_text(timing, result.weights.get(WEIGHT) or {}))
+        out.append(update_text(timing))
     if first is not None and first.data_differ:
         out.append(f"DATA DIFFER at step {_step(first.step)}: the model's inputs differ (another batch, another "
                    "shuffle or order of the dataset)")
     return out
 
 
-def update_text(timing: Dict[str, Any], weights: Dict[str, Any]) -> str:
+def update_text(timing: Dict[str, Any]) -> str:
     """``THE UPDATE OF STEP 0 DIFFERS: ...``: every value of step 0 agrees, weights differ when step 1 starts."""
     step, start = timing["update_of"], timing["differ"][0]
     at_start = next((s for s in timing["steps"] if s["step"] == start), {"ok": 0, "diverged": 0})
