@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from mf_celldump.cli import main as celldump_main
+from tests.support.chromium import Browser, find_chromium
 from tests.support.compare_dumps import X, write_dump
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "tp_train.py")
@@ -61,9 +62,18 @@ def compare(target, baseline, out):
 
 
 def _said_alike(result, text):
+    """The terminal's line, the JSON's headline and report.html's data and banner (drawn by headless Chromium
+    where it is installed) are one text."""
     headline = result["headline"]
     assert headline in text.splitlines(), text
     assert _page_data(result["html"])["headline"] == headline
+    if find_chromium():
+        with Browser() as browser:
+            page = browser.open("file://" + result["html"])
+            assert headline in page.evaluate("document.getElementById('verdict').textContent")
+            if result["first_divergence"]["cause"]:
+                assert page.evaluate("document.getElementById('cause').textContent") == \
+                    result["first_divergence"]["cause"]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -25,6 +25,7 @@ from mf_celldump.analysis.compare.shards import RuleBook
 from mf_celldump.layout.reader import DumpJson, find_rank_dumps
 from mf_celldump.mapping import resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
+from tests.support.chromium import Browser, find_chromium
 from tests.support.msprobe_cli import run_msprobe
 from tests.support.msrun import MSRUN, msrun_env, run_job
 
@@ -114,6 +115,11 @@ def _one_answer_for_the_rank(result, rank, group, folder):
     page = _page_data(result["html"])
     assert page["headline"] == result["headline"]
     assert (page["first"]["rank"], page["first"]["group"], page["first"]["rank_text"]) == (rank, group, f"rank {rank}")
+    if find_chromium():
+        with Browser() as browser:
+            drawn = browser.open("file://" + result["html"])
+            assert result["headline"] in drawn.evaluate("document.getElementById('verdict').textContent")
+            assert f", rank {rank}, {folder})" in drawn.evaluate("document.getElementById('first-text').textContent")
 
 
 def test_row_parallel_weight_perturbed_on_rank1_is_found_through_its_weight(runs, tmp_path):
