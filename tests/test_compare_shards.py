@@ -214,3 +214,11 @@ def test_a_divergence_in_every_ranks_part_names_every_launched_rank(tmp_path):
     assert first["cell"] == "decoder.layers.0.mlp.linear_fc1" and result["shards"]["attribution"]["ranks"] == [0, 1]
     assert (first["rank"], first["ranks"], first["group"], first["folder"]) == (0, [0, 1], 0, "step0/rank0")
     assert "(forward, step 0 ranks 0, 1): " in result["headline"], result["headline"]
+    assert [unit["ranks"] for unit in result["units"]] == [[0, 1]]
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        cli_main(["compare", str(tmp_path / "tp2"), str(tmp_path / "tp1"), "--target-tp", "2", "-o",
+                  str(tmp_path / "text")])
+    lines = out.getvalue().splitlines()
+    assert result["headline"] in lines and "FIRST DIVERGENCE ON RANK(S) 0, 1 of [0, 1]: " in out.getvalue()
+    assert any(line.startswith("step 0 ranks 0, 1 merged (step0/rank0): ") for line in lines), lines

@@ -336,7 +336,12 @@ class Attribution:
 
     def complete(self, result: CompareResult) -> None:
         """Name the ranks of the first divergence in the report and on the divergence itself: the rank the user
-        launched (``rank``, all of them in ``ranks``), the merged group's index apart (``group``)."""
+        launched (``rank``, all of them in ``ranks``), the merged group's index apart (``group``); each compared
+        unit of a merged target gets the launched ranks of its group (``ranks``)."""
+        for unit in result.units:
+            group = self.report.target.groups.get((unit["step"], unit["rank"] or 0))
+            if group is not None:
+                unit["ranks"] = group.ranks
         self.report.attribution = found = self.of(result)
         first, side = result.first, self.report.target
         if first is None or side.size == 1:

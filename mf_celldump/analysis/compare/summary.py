@@ -208,7 +208,7 @@ def format_summary(result: CompareResult) -> str:
     ]
     for unit in result.units:
         lines.append(
-            f"step {_step(unit['step'])} rank {unit['rank']} ({unit['folder']}): {unit['entries']} entries, "
+            f"step {_step(unit['step'])} {_unit_ranks(unit)} ({unit['folder']}): {unit['entries']} entries, "
             f"{unit['tensors']} tensors: "
             f"{unit['ok']} within thresholds, {unit['diverged']} diverged, {unit['skipped']} not compared"
         )
@@ -226,6 +226,13 @@ def format_summary(result: CompareResult) -> str:
     if result.html_path:
         lines.append(f"report:   {result.html_path}")
     return "\n".join(lines)
+
+
+def _unit_ranks(unit: Dict[str, Any]) -> str:
+    """``rank 3``; a merged tensor-parallel group: ``ranks 0, 1 merged``."""
+    if unit.get("ranks"):
+        return f"ranks {', '.join(map(str, unit['ranks']))} merged"
+    return f"rank {unit['rank']}"
 
 
 def coverage_lines(coverage: Coverage) -> List[str]:
