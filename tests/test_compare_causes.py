@@ -76,6 +76,7 @@ def _said_alike(result, text):
                     result["first_divergence"]["cause"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_learning_rate_change_names_the_update_of_step_0_first(runs, tmp_path, mode):
     code, result, text = compare(runs / f"{mode}_lr", runs / mode, tmp_path)
@@ -96,6 +97,7 @@ def test_a_learning_rate_change_names_the_update_of_step_0_first(runs, tmp_path,
     _said_alike(result, text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_another_batch_at_step_1_says_the_data_differ(runs, tmp_path, mode):
     code, result, text = compare(runs / f"{mode}_batch", runs / mode, tmp_path)
