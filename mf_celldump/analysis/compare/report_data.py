@@ -18,14 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional
 from mf_celldump import __version__
 from mf_celldump.analysis.compare.pairing import ACTIVATION
 from mf_celldump.analysis.compare.plot import dominant_limits
-from mf_celldump.analysis.compare.report import (
-    DIRECTION_ORDER,
-    UNIT_ORDER,
-    CompareResult,
-    json_number,
-    json_ready,
-    layer_table,
-)
+from mf_celldump.analysis.compare.report import DIRECTION_ORDER, UNIT_ORDER, json_number, json_ready, layer_table
+from mf_celldump.analysis.compare.request import CompareResult
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.summary import crc_lines, header, weight_lines
 from mf_celldump.layout.naming import DIRECTIONS

@@ -11,15 +11,8 @@ from typing import Any, Dict, List, Optional
 
 from mf_celldump.analysis.compare.coverage import Coverage, Part
 from mf_celldump.analysis.compare.pairing import WEIGHT, WEIGHT_GRAD
-from mf_celldump.analysis.compare.report import (
-    COMMON_FACTOR,
-    DIVERGED,
-    LOW_COVERAGE,
-    NOTHING,
-    WITHIN,
-    CompareResult,
-    json_ready,
-)
+from mf_celldump.analysis.compare.report import json_ready
+from mf_celldump.analysis.compare.request import COMMON_FACTOR, DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult
 from mf_celldump.analysis.compare.verdicts import factor_text, per_step_text, steps_text
 
 REASON_LINES = 8
@@ -87,10 +80,16 @@ def metric_text(item: Dict[str, Any]) -> str:
 
 
 def headline(result: CompareResult) -> str:
+    """The verdict in one line. Causes found across steps come first: an update that differs on values that
+    agree (the optimizer), then data that differ, then the first divergent cell."""
     verdict, first = result.verdict, result.first
+    causes = _causes(result) if verdict == DIVERGED else []
     if verdict == DIVERGED and first is not None and (not result.factors or first.direction not in [
             f["direction"] for f in result.factors]):
-        return (f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} rank {first.rank}): {first.entry}")
+        return "; ".join(causes + [f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} "
+                                   f"{first.rank_text}): {first.entry}"])
+    if causes:
+        return "; ".join(causes + [_what_differs(result)])
     if verdict in (DIVERGED, COMMON_FACTOR):
         return _what_differs(result)
     if verdict == NOTHING:
@@ -100,6 +99,28 @@ def headline(result: CompareResult) -> str:
         return (f"NO VERDICT: too little compared ({short} of the comparable tensors; the minimum is "
                 f"{result.coverage.minimum:.0%}); {result.compared} compared pairs are within thresholds")
     return f"no divergence: all {result.compared} compared pairs are within thresholds"
+
+
+def _causes(result: CompareResult) -> List[str]:
+    """What differs before the first divergent cell computes: the update of a step, the data."""
+    out = []
+    timing, first = result.weight_timing, result.first
+    if timing.get("update_of") is not None:
+        out.append(update_text(timing))
+    if first is not None and first.data_differ:
+        out.append(f"DATA DIFFER at step {_step(first.step)}: the model's inputs differ (another batch, another "
+                   "shuffle or order of the dataset)")
+    return out
+
+
+def update_text(timing: Dict[str, Any]) -> str:
+    """``THE UPDATE OF STEP 0 DIFFERS: ...``: every value of step 0 agrees, weights differ when step 1 starts."""
+    step, start = timing["update_of"], timing["differ"][0]
+    at_start = next((s for s in timing["steps"] if s["step"] == start), {"ok": 0, "diverged": 0})
+    return (f"THE UPDATE OF STEP {step} DIFFERS: every compared value of {steps_text([step])} agrees and "
+            f"{at_start['diverged']} of {at_start['ok'] + at_start['diverged']} weights differ at the start of "
+            f"{steps_text([start])}: look at the optimizer (its settings, its state), the learning-rate schedule, "
+            "the loss scale")
 
 
 def _what_differs(result: CompareResult) -> str:
@@ -187,7 +208,7 @@ def format_summary(result: CompareResult) -> str:
     ]
     for unit in result.units:
         lines.append(
-            f"step {_step(unit['step'])} rank {unit['rank']} ({unit['folder']}): {unit['entries']} entries, "
+            f"step {_step(unit['step'])} {_unit_ranks(unit)} ({unit['folder']}): {unit['entries']} entries, "
             f"{unit['tensors']} tensors: "
             f"{unit['ok']} within thresholds, {unit['diverged']} diverged, {unit['skipped']} not compared"
         )
@@ -205,6 +226,13 @@ def format_summary(result: CompareResult) -> str:
     if result.html_path:
         lines.append(f"report:   {result.html_path}")
     return "\n".join(lines)
+
+
+def _unit_ranks(unit: Dict[str, Any]) -> str:
+    """``rank 3``; a merged tensor-parallel group: ``ranks 0, 1 merged``."""
+    if unit.get("ranks"):
+        return f"ranks {', '.join(map(str, unit['ranks']))} merged"
+    return f"rank {unit['rank']}"
 
 
 def coverage_lines(coverage: Coverage) -> List[str]:
@@ -240,7 +268,7 @@ def _part_text(part: Part) -> str:
 def _divergence_lines(result: CompareResult) -> List[str]:
     first = result.first
     if first is None:
-        return [headline(result)] if result.verdict != DIVERGED else []
+        return [headline(result)] if result.verdict != DIVERGED or _causes(result) else []
     lines = [headline(result), f"  baseline: {first.baseline or '-'}"]
     for tensor in first.tensors:
         mark = "DIVERGED" if tensor["status"] == "diverged" else "ok"
@@ -251,6 +279,7 @@ def _divergence_lines(result: CompareResult) -> List[str]:
         )
     if first.cause_note:
         lines.append(f"  note: {first.cause_note}")
+    if first.inputs_differ and not first.data_differ:
         if first.last_ok:
             lines.append(f"  last cell within thresholds before it: {first.last_ok}")
         lines.extend(f"  not compared in between: {u['name']} ({u['reason']})" for u in first.upstream_unpaired)

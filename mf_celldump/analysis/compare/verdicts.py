@@ -14,7 +14,10 @@
 * **When weights differ.** Each kind's pairs are counted per step. Weights that agree at the
   earliest compared step and differ later differ only after the optimizer has run: on
   gradients that differ when an earlier step's gradients differ, else in the optimizer
-  itself.
+  itself. When every compared value of the steps before (activations, weights, weight
+  gradients) agrees, the update of the last of them differs (``update_of``): its inputs
+  agree, so its settings, its state, the learning-rate schedule or the loss scale differ.
+  That is said before anything the changed weights compute later.
 """
 
 from __future__ import annotations
@@ -99,10 +102,21 @@ def weight_timing(store: Store) -> Dict[str, Any]:
     steps, grads = per_step(store, WEIGHT), per_step(store, WEIGHT_GRAD)
     differ = [s["step"] for s in steps if s["diverged"]]
     out = {"steps": steps, "grad_steps": grads, "differ": differ, "after_optimizer": False,
-           "gradients_differ_before": False}
+           "gradients_differ_before": False, "update_of": None}
     if differ:
         out["after_optimizer"] = len(steps) > 1 and steps[0]["diverged"] == 0
         first_bad = differ[0] if differ[0] is not None else -1
         out["gradients_differ_before"] = any(g["diverged"] for g in grads
                                              if g["step"] is not None and g["step"] < first_bad)
+        if out["after_optimizer"] and differ[0] is not None:
+            out["update_of"] = update_of(store, differ[0])
     return out
+
+
+def update_of(store: Store, step: int) -> Optional[int]:
+    """The last compared step before ``step`` (where weights first differ) when every value compared before
+    ``step`` agrees: the update of that step differs. None otherwise."""
+    before, bad = store.query(
+        "select max(step), coalesce(sum(status = 'diverged'), 0) from pairs where step < ? and status != 'skipped'",
+        (step,))[0]
+    return before if before is not None and not bad else None

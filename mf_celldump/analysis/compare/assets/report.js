@@ -89,7 +89,7 @@
     var f = D.first, s = section('first');
     if (!f) { s.appendChild(el('p', {id: 'first-text', text: 'No activation diverged.'})); return; }
     s.appendChild(el('p', {id: 'first-text'}, [el('b', {text: f.cell}), ' (' + f.direction + ', step ' +
-      (f.step === null ? '-' : f.step) + ', rank ' + f.rank + ', ' + f.folder + ')']));
+      (f.step === null ? '-' : f.step) + ', ' + f.rank_text + ', ' + f.folder + ')']));
     s.appendChild(el('div', {cls: 'mono', text: 'entry:    ' + f.name}));
     s.appendChild(el('div', {cls: 'mono', text: 'baseline: ' + (f.baseline || '-')}));
     if (f.cause) { s.appendChild(el('div', {cls: 'note', id: 'cause', text: f.cause})); }
@@ -166,7 +166,7 @@
     }
     var title = svg('text', {x: left, y: 11, 'font-size': 12, 'font-weight': 600}); title.textContent = dir; g.appendChild(title);
     var f = D.first;
-    if (f && f.direction === dir && f.step === D.chart.step && f.rank === D.chart.rank) {
+    if (f && f.direction === dir && f.step === D.chart.step && (f.group === null ? f.rank : f.group) === D.chart.rank) {
       var li = -1; L.labels.forEach(function (lab, i) { if (f.cell === lab || f.cell.indexOf(lab + '.') === 0) { li = i; } });
       if (li >= 0) { g.appendChild(svg('line', {x1: X(li), x2: X(li), y1: top, y2: H - bottom, stroke: '#c62828', 'stroke-dasharray': '5,3'}));
         var m = svg('text', {x: X(li) + 4, y: top + 10, 'font-size': 11, fill: '#c62828'}); m.textContent = 'first divergence: ' + f.cell; g.appendChild(m); }
