@@ -18,6 +18,7 @@ import pytest
 
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mf_celldump")
 NOT_CORE = ("analysis", "cli")  # the subpackages over the core, which may import it and each other
+ENTRY = "__main__.py"  # `python -m mf_celldump`: the command line itself, over cli/
 ANALYSIS = ("mf_celldump.analysis", "pandas", "matplotlib")
 CLI = ("mf_celldump.cli",)
 
@@ -28,7 +29,8 @@ def core_files() -> List[str]:
     for folder, dirs, files in os.walk(PACKAGE_DIR):
         if folder == PACKAGE_DIR:
             dirs[:] = [name for name in dirs if name not in NOT_CORE]
-        out.extend(os.path.join(folder, name) for name in files if name.endswith(".py"))
+        out.extend(os.path.join(folder, name) for name in files
+                   if name.endswith(".py") and not (folder == PACKAGE_DIR and name == ENTRY))
     return sorted(os.path.relpath(path, os.path.dirname(PACKAGE_DIR)) for path in out)
 
 
