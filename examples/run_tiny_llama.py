@@ -260,7 +260,8 @@ def describe_dump(dump_path: str, rank: Optional[int] = None) -> str:
                      f"backward, and weight gradients), {tensors} tensors ({where}), {values} non-tensor "
                      f"value{'' if values == 1 else 's'}")
     raw = os.path.join(dump_path, "_raw")
-    leftovers = sorted(os.path.relpath(p, dump_path) for p in glob.glob(os.path.join(raw, "rank*", "step*")))
+    mine = "rank*" if rank is None else f"rank{rank}"  # another rank's step may still be processing
+    leftovers = sorted(os.path.relpath(p, dump_path) for p in glob.glob(os.path.join(raw, mine, "step*")))
     if leftovers:
         lines.append(f"  unprocessed raw steps: {', '.join(leftovers)} (`mf-celldump process {dump_path}`)")
     return "\n".join(lines)
