@@ -7,6 +7,7 @@ import importlib.metadata
 import io
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -461,6 +462,12 @@ def _readme_dump_values():
     row = next(line for line in text.splitlines() if line.startswith("| `steps` |"))
     assert "`anomaly` (with `watch`)" in row and '`"0,5-7"`' in row and '`[0, "5-7"]`' in row
     values += [["steps=all"], ["steps=3"], ["steps=0,5-7"], ['steps=[0, "5-7"]'], ["steps=anomaly", "watch=true"]]
+    # and every literal `--dump KEY=VALUE` the READMEs, docs/ and the example's own help show
+    shown = [README, os.path.join(REPO, "examples", "README.md"), os.path.join(REPO, "examples", "run_tiny_llama.py"),
+             *glob.glob(os.path.join(REPO, "docs", "*.md"))]
+    for path in shown:
+        for found in re.findall(r"--dump ([a-z_]+=[^\s`)]+)", _read(path)):
+            values.append([found])
     return values
 
 
@@ -469,11 +476,12 @@ def test_every_dump_value_the_readme_shows_is_taken_by_the_example():
     _, run_tiny_llama = _example_modules()
     shown = _readme_dump_values()
     assert ["steps=anomaly", "watch=True"] in shown, shown  # README's "Catch the step that goes wrong"
+    assert ["task=tensor"] in shown and ["rank_verdict=true"] in shown, shown  # the example's help, its README
     for dumps in shown:
         argv = [item for value in dumps for item in ("--dump", value)]
         config = run_tiny_llama.load_config(run_tiny_llama.parse_args(argv))
         selected = run_tiny_llama._selected_steps(config)
-        steps = dict(v.split("=", 1) for v in dumps).get("steps", "all")
+        steps = dict(v.split("=", 1) for v in dumps).get("steps")  # else the example YAML's own (0-2)
         assert (selected is None) == (steps == "all"), (dumps, selected)
         if steps == "anomaly":
             assert selected.on_anomaly
