@@ -500,6 +500,16 @@ def test_main_job_with_steps_anomaly_and_the_watch_trains_to_the_end(tmp_path):
     assert "watch: no rule fired" in _read(str(out / "run_tiny_llama.log"))
 
 
+def test_readme_names_every_compare_exit_code_and_what_needs_matplotlib():
+    from mf_celldump.cli.conventions import ExitCode
+
+    text = " ".join(_read(README).split())
+    assert f"{int(ExitCode.COMMON_FACTOR)} every difference is one common factor" in text
+    assert "exit 0 within thresholds, 1 diverged, 2 bad input" in text
+    assert "Only the PNG plots" in text
+    assert "`report.html` (its chart drawn by the page itself) are written without it" in text
+
+
 def test_examples_readme_and_main_readme_describe_the_quiet_main_job():
     assert "run_tiny_llama.log" in _read(README)
     assert "--verbose" in _read(os.path.join(REPO, "examples", "README.md"))
