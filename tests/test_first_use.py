@@ -426,6 +426,33 @@ def test_steps_the_run_never_reached_are_named_last_without_a_process_hint(tmp_p
     assert every is None and run_tiny_llama.ending_note(IndexSelection.parse("0-2", "steps"), progress, dump) is None
 
 
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_the_run_summary_names_selected_steps_it_never_reached(tmp_path, mode):
+    """A run of steps 0-2 with steps "1,5-6" selected: its summary says 5 and 6 never came, after step 2."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from mf_celldump.integrations.run import TrainingRun
+
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        net = nn.Dense(4, 2)
+        train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.1))
+        run = TrainingRun(DumpConfig.coerce({"dump_path": str(tmp_path / "d"), "steps": "1,5-6",
+                                             "layer_mapping": None}))
+        run.ensure_attached(train)
+        for step in range(3):
+            run.begin_step(step)
+            train(ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.zeros((2, 2), np.float32)))
+            run.end_step()
+        summary = run.finish()
+    finally:
+        ms.set_context(mode=before)
+    assert summary.processed_steps == [1], summary.text()
+    assert "selected steps 5,6 never reached: the run ended after step 2" in summary.notes, summary.text()
+
+
 def test_with_steps_anomaly_the_lines_say_watched_and_the_end_says_no_rule_fired(tmp_path):
     console, run_tiny_llama = _example_modules()
     from mf_celldump.config import DumpConfig
