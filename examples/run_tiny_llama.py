@@ -319,7 +319,7 @@ def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[Base
     if failed is not None:
         console.say(f"training FAILED: {type(failed).__name__}: {failed}")
         if type(failed).__name__ == "DumpInUseError":
-            console.say(_rerun_refused(dump_path))
+            console.say(_rerun_refused(dump_path, "or output_dir" not in str(failed)))
         if console.log_path:
             console.say(f"(its traceback, and MindFormers' own output, are in {console.log_path})")
     console.say(describe_dump(dump_path, rank))
@@ -330,10 +330,12 @@ def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[Base
         console.say(end_note)
 
 
-def _rerun_refused(dump_path: str) -> str:
-    """The way out of a second run into the folder of a first, in this example's own flags."""
+def _rerun_refused(dump_path: str, dump_path_set: bool) -> str:
+    """The way out of a second run into the folder of a first, in this example's own flags (``dump_path_set``:
+    the entry names the folder, so another --output-dir would not move it)."""
+    flag = "--dump dump_path=DIR" if dump_path_set else "--output-dir (or --dump dump_path=DIR)"
     return (f"  {dump_path} holds an earlier run's dump, and a second run never mixes with it: give another "
-            "--output-dir (or --dump dump_path=DIR), or delete that folder first")
+            f"{flag}, or delete that folder first")
 
 
 def _processed_steps(dump_path: str) -> List[str]:

@@ -469,6 +469,26 @@ def test_with_steps_anomaly_the_lines_say_watched_and_the_end_says_no_rule_fired
     assert "mf-celldump process" not in out.getvalue()
 
 
+def test_a_refused_rerun_names_the_flag_that_moves_the_dump():
+    """With dump_path in the entry another --output-dir would not move the dump: the line names --dump."""
+    _, run_tiny_llama = _example_modules()
+    assert "give another --output-dir (or --dump dump_path=DIR)" in run_tiny_llama._rerun_refused("/x", False)
+    named = run_tiny_llama._rerun_refused("/x", True)
+    assert "give another --dump dump_path=DIR, or delete" in named and "--output-dir" not in named
+
+
+def test_the_second_run_keeps_the_arguments_but_its_folders_and_seed():
+    _, run_tiny_llama = _example_modules()
+    argv = ["--mode", "graph", "--dump", "steps=1", "--output-dir=/o", "--set", "seed=3", "--dump", "dump_path=/d"]
+    second = run_tiny_llama.second_run_arguments(argv, "/o", 3, "/d")
+    assert second == ["--mode", "graph", "--dump", "steps=1", "--output-dir", "/o-seed4", "--set", "seed=4",
+                      "--dump", "dump_path=/d-seed4"]
+    assert run_tiny_llama._dump_path_of_arguments(second) == "/d-seed4"
+    plain = run_tiny_llama.second_run_arguments(["--output-dir", "out"], "/abs/out", 0, None)
+    assert plain == ["--output-dir", "/abs/out-seed1", "--set", "seed=1"]
+    assert run_tiny_llama._dump_path_of_arguments(plain) == "/abs/out-seed1/celldump"
+
+
 def _readme_dump_values():
     """Every key=value a CellDumpCallback entry of README's YAML blocks shows, and each `steps` form of its
     configuration table, as `--dump` arguments (with the watch where `steps: anomaly` needs it)."""
