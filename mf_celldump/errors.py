@@ -16,7 +16,35 @@ from typing import Any
 
 
 class CellDumpError(Exception):
-    """Base class: mf_celldump refused an input or could not do what was asked; the message says why."""
+    """Base class: mf_celldump refused an input or could not do what was asked; the message says why.
+
+    MindFormers' registry re-raises an error of a class it builds as ``type(e)(f"{cls.__name__}: {e}")``
+    (``tools/register/register.py``), in front of a message that already starts with that name
+    (``CellDumpCallback: unknown key ...``): the doubled name is dropped here, for every message
+    that passes there. A message is bounded too, whatever value it quotes."""
+
+    def __init__(self, *args):
+        if args and isinstance(args[0], str):
+            args = (_bounded(_single_prefix(args[0])),) + args[1:]
+        super().__init__(*args)
+
+
+MAX_MESSAGE_CHARS = 4000  # an error names values; one of millions of characters helps no one
+
+
+def _single_prefix(message: str) -> str:
+    """``"X: X: rest"`` as ``"X: rest"`` (X a class name: a capital, no spaces)."""
+    head, sep, rest = message.partition(": ")
+    if sep and head[:1].isupper() and " " not in head and rest.startswith(head + ": "):
+        return rest
+    return message
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    keep = MAX_MESSAGE_CHARS // 2 - 40  # the whole stays within the bound, so bounding twice changes nothing
+    return f"{message[:keep]} ... ({len(message) - 2 * keep} characters left out) ... {message[-keep:]}"
 
 
 # -- configuration and layer mapping ------------------------------------------------------------------

@@ -136,6 +136,20 @@ def test_index_paths_that_would_need_millions_of_gaps_are_refused(tmp_path):
     assert "empty positions" in proc.stdout and "out of memory" not in proc.stdout
 
 
+def test_a_slot_named_both_a_tensor_and_a_list_is_refused_by_name_and_its_raw_files_kept(tmp_path):
+    """p0 beside p0.0 in one call's inputs: nesting would drop the real tensor from dump.json while its
+    .npy is written; the entry is refused instead, naming both files, and the step's raw data is kept."""
+    builder = build_dump(str(tmp_path / "dump"), steps=1)
+    step_dir = os.path.join(builder.rank_dir, "step0")
+    _save_raw(builder, 0, "c0.f.a.t.nx.p0.0_float32_80.npy", np.ones(2, np.float32))
+    before = sorted(os.listdir(step_dir))
+    report = process_dump(builder.dump_path, jobs=1)
+    problems = " ".join(report.all_problems)
+    assert not report.ok and "is both a tensor (c0.f.a.t.nx.p0_float32_0.npy) and a list " \
+        "(c0.f.a.t.nx.p0.0_float32_80.npy)" in problems, report.all_problems
+    assert sorted(os.listdir(step_dir)) == before, "every raw file kept"
+
+
 RECORD_LINES = {
     "100000 levels deep": b"[" * 100_000 + b"]" * 100_000,
     "2 MB line": b'{"seq": 1, "pad": "' + b"x" * (2 << 20) + b'"}',

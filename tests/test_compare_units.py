@@ -326,6 +326,51 @@ def test_anomalies_read_msprobe_parameters(tmp_path, capsys):
     assert first["slots"][0]["slot"] == "param.weight" and first["note"] == "one of its own weights is bad"
 
 
+def _edit_dump(folder, change):
+    path = os.path.join(folder, "dump.json")
+    with open(path, encoding="utf-8") as handle:
+        doc = json.load(handle)
+    change(doc["data"])
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(doc, handle)
+
+
+def test_anomalies_read_weight_gradients(tmp_path, capsys):
+    """A nan_count of 3 on a bias gradient (a parameters_grad entry) is found, as on a forward output."""
+    folder = write_dump(str(tmp_path / "d"), chain())
+    grad = dict(tensor(np.ones(3)), nan_count=3)
+
+    def add_gradient(data):
+        data["Cell.block.fc2.Dense.parameters_grad.0"] = {"bias": [grad]}
+
+    _edit_dump(folder, add_gradient)
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
+    (first,) = result["first"]
+    assert code == 1 and first["entry"] == "Cell.block.fc2.Dense.parameters_grad.0", result
+    assert first["direction"] == "backward" and first["slots"][0]["slot"] == "param_grad.bias"
+    assert first["slots"][0]["nan_count"] == 3 and first["note"] == "the gradient of one of its own weights is bad"
+
+
+def test_anomalies_say_which_records_they_could_not_judge(tmp_path, capsys):
+    """A Max of "NaN?" and a shape of 10^12 x 10^12 elements are named, not passed over in silence."""
+    folder = write_dump(str(tmp_path / "d"), chain())
+
+    def spoil(data):
+        data["Cell.block.fc1.Dense.forward.0"]["output"][0]["Max"] = "NaN?"
+        data["Cell.block.fc2.Dense.forward.0"]["output"][0]["shape"] = [10 ** 12, "x"]
+
+    _edit_dump(folder, spoil)
+    assert celldump_main(["anomalies", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "2 tensor record(s) not judged, their statistics unreadable: Cell.block.fc1.Dense.forward.0 output.0: " \
+           "Max 'NaN?' is not a number; Cell.block.fc2.Dense.forward.0 output.0: shape [1000000000000, 'x'] is " \
+           "not a list of whole numbers" in out, out
+    assert out.splitlines()[-1] == ("no NaN, Inf or out-of-range value found in the records judged; 2 record(s) "
+                                    "could not be judged (above)")
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
+    assert result["ranks"][0]["unjudged"] == 2
+
+
 def test_pairs_table_keeps_missing_values_empty_integers_whole_and_floats_exact(tmp_path):
     """compare_pairs.csv without pandas: its columns in the store's order, the rows in execution order, a
     missing value an empty field, step/rank/pos as integers, every float as repr writes it (read back

@@ -232,13 +232,21 @@ class CellDump:
         own = self.run_id
         try:
             self.run_id = claim(self.dump_path, self.rank, self.distributed, own, [s.record for s in self.cells],
-                                self.config.task, self.initial_step)
+                                self.config.task, self.initial_step, self._dump_path_given())
         except DumpInUseError as err:
             self.detach()
-            raise AttachError(str(err)) from None
+            raise DumpInUseError(str(err)) from None  # an AttachError a caller can tell apart
         if self.run_id != own:
             logger.info("continuing run %s in %s from step %d (a resumed run)", self.run_id, self.dump_path,
                         self.initial_step)
+
+    def _dump_path_given(self) -> str:
+        """What the user set that names ``dump_path``: the key, or output_dir when the key is unset."""
+        if self.config.dump_path:
+            return "dump_path"
+        parent = os.path.dirname(self.dump_path)
+        return f"dump_path (unset: the dump goes to <output_dir>/{os.path.basename(self.dump_path)}) or output_dir " \
+               f"(here {parent})"
 
     def _micro_batches(self) -> Optional[MicroBatches]:
         """The micro-batch schedule where processing pairs backward captures by order (else None); a backward

@@ -112,7 +112,7 @@ def run_check(args: argparse.Namespace, out=None) -> int:
     except MappingError as err:
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.FOUND
-    report = check_mapping(mapping, pairs)
+    report = check_mapping(mapping, pairs, whole_network=args.target is None)
     print(report.format(), file=out)
     classes = dict(pairs)
     partners = find_partners(resolve_cells(mapping, pairs), classes, baseline)
@@ -173,7 +173,8 @@ def _check_syntax(specs: Sequence[str], out) -> int:
             continue
         print(
             f"ok: {spec}: {len(mapping.classes)} class sections, {mapping.entry_count()} entries "
-            "(syntax only; add --model to match against a network)",
+            "(syntax only: class and cell names not checked; add --model NAME, or --target DUMP for a dump's "
+            "cells, to check them)",
             file=out,
         )
     return status

@@ -33,7 +33,7 @@ from mf_celldump.dtypes import canonical_dtype, dtype_names
 from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, layer_of, parse_entry_name
 from mf_celldump.layout.slots import slot_record, tensor_slots, weight_records
-from mf_celldump.layout.stat_records import STATS, number, whole_shape
+from mf_celldump.layout.stat_records import record_problem, whole_shape
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
 
@@ -401,19 +401,6 @@ def pair_in_worker(task: PairTask, start: int, stop: int) -> Tuple[List[Tuple[An
         return UnitPairer(store, task.view, task.classes, task.unit, task.options).pair_range(start, stop)
     finally:
         store.close()
-
-
-def record_problem(record: Dict[str, Any]) -> str:
-    """What makes a tensor record unreadable as one ("" when nothing): a shape that is not a list of whole
-    numbers, a statistic that is neither a number nor "inf"/"nan"."""
-    shape = record.get("shape")
-    if shape is not None and whole_shape(record) is None:
-        return f"shape {shape!r} is not a list of whole numbers"
-    for key in STATS:
-        value = record.get(key)
-        if value is not None and number(value) is None:
-            return f"{key} {value!r} is not a number"
-    return ""
 
 
 def _slots(direction: str, body: Dict[str, Any]):

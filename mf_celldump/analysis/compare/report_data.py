@@ -25,8 +25,8 @@ from mf_celldump.analysis.compare.summary import crc_lines, header, weight_lines
 from mf_celldump.layout.naming import DIRECTIONS
 
 MAX_TABLE_ROWS = 20000
-TABLE_COLUMNS = (
-    "folder", "kind", "direction", "entry", "slot", "baseline_entry", "baseline_slot", "status", "basis",
+TABLE_COLUMNS = (  # status near the left: a 1280 px wide window shows it beside the long entry names
+    "status", "folder", "kind", "direction", "entry", "slot", "baseline_entry", "baseline_slot", "basis",
     "cosine", "rel_err", "max_abs_err", "max_rel_err", "stat_rel", "euc_dist", "one_thousandth_ratio",
     "five_thousandths_ratio", "crc_match", "msprobe_result", "baseline_transform", "dtype", "shape", "reason",
 )
