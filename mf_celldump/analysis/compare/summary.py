@@ -57,6 +57,8 @@ def to_json(result: CompareResult, code: int) -> dict:
         "weight_timing": result.weight_timing,
         "weights": result.weights,
         "crc": result.crc,
+        "dtype_change": result.dtype_change,
+        "statistics_undecided": result.statistics_undecided,
         "thresholds": {k: vars(v) for k, v in result.request.thresholds.items()},
         "output": result.request.output,
         "csv": result.csv_path,
@@ -194,6 +196,7 @@ def format_summary(result: CompareResult) -> str:
     if result.unpaired:
         lines.append(f"no baseline partner for: {', '.join(result.unpaired)}")
     lines.extend(coverage_lines(result.coverage))
+    lines.extend(precision_lines(result))
     lines.extend(_divergence_lines(result))
     lines.extend(weight_lines(result))
     lines.extend(crc_lines(result.crc))
@@ -205,6 +208,28 @@ def format_summary(result: CompareResult) -> str:
     if result.html_path:
         lines.append(f"report:   {result.html_path}")
     return "\n".join(lines)
+
+
+def precision_lines(result: CompareResult) -> List[str]:
+    """Said before the values: where the two runs' dtypes part (values are judged with the narrower one's noise
+    from there), and the pairs a statistics dump cannot decide."""
+    lines = []
+    change = result.dtype_change
+    if change:
+        lines.append(
+            f"DTYPE CHANGES first at {change['entry']} {change['slot']} (step {_step(change['step'])} rank "
+            f"{change['rank']}): {change['dtype']} against {change['baseline_dtype']}, {change['pairs']} pairs in "
+            f"all; values from there are judged with the narrower dtype's rounding noise")
+    undecided = result.statistics_undecided
+    if undecided:
+        names = ", ".join(f"{item['entry']} {item['slot']}" for item in undecided["first"])
+        more = f" and {undecided['count'] - len(undecided['first'])} more" if undecided["count"] > len(
+            undecided["first"]) else ""
+        where = "before the first divergence" if result.first else "in all"
+        lines.append(
+            f"statistics cannot decide {undecided['count']} pairs {where}: their statistics differ, but within their "
+            f"bound; elements may differ there unseen (a tensor dump decides): {names}{more}")
+    return lines
 
 
 def coverage_lines(coverage: Coverage) -> List[str]:
