@@ -6,11 +6,11 @@ router, experts, MTP), trained one step through ``mindformers.Trainer`` on CPU w
 
 * null pairs stay clean: the same run twice, and graph mode against PyNative;
 * for every class of cell that holds weights (a lookup, a matmul, a norm: embedding, projections,
-  router, experts, lm_head, the norms), one cell drawn at random gets one weight element changed by
-  ten times the larger of two sizes fixed before the run from the clean pair's bounds: the weight's
-  own bound, and the size that moves the cell's output by its bound (the output bound over the
-  largest input value the element multiplies). In the run that carries the changes, neither the
-  weight nor the output is within its bound.
+  router, experts, lm_head, the norms, MTP's projection), one cell drawn at random gets one weight
+  element changed by at least ten times the larger of two sizes fixed before the run that is judged:
+  the weight's own bound, and the change that moves each slot reading the weight (its cell's
+  floating outputs) by that slot's bound. In that run, no slot that reads a changed weight is within
+  its bound.
 
 And the learning-rate case: the README's main job twice, the second with a doubled learning rate.
 Step 0 agrees; at step 1 every weight differs after the optimizer, the embedding's output row and
@@ -96,29 +96,28 @@ def _bounds(rows):
 
 
 def _element(kind, weight, inputs, output):
-    """(index of the weight element to change, the largest size of an input value it multiplies)."""
+    """The index of the weight element to change: the one the largest input value multiplies (a matmul), a
+    token of the batch's row (a lookup), the largest output column's (a norm)."""
     if kind == "lookup":
         ids = next(v for v in inputs if not np.issubdtype(v.dtype, np.floating))
-        token = int(ids.ravel()[0])
-        return (token,) + (0,) * (weight.ndim - 1), 1.0
-    x = next(v for v in inputs if np.issubdtype(v.dtype, np.floating))
-    if kind == "norm":
-        j = int(np.argmax(np.abs(output.reshape(-1, output.shape[-1])).max(0)))
-        return (j,), float(np.abs(output[..., j]).max() / max(abs(float(weight[j])), 1e-30))
-    columns = np.abs(x.reshape(-1, x.shape[-1])).max(0)
-    j = int(np.argmax(columns))
+        return (int(ids.ravel()[0]),) + (0,) * (weight.ndim - 1)
+    floats = [v for v in inputs if np.issubdtype(v.dtype, np.floating) and v.ndim]
+    if kind == "norm" or not floats or floats[0].shape[-1] not in weight.shape:
+        return np.unravel_index(int(np.argmax(np.abs(weight))), weight.shape)
+    x = floats[0]
+    j = int(np.argmax(np.abs(x.reshape(-1, x.shape[-1])).max(0)))
     axis = weight.ndim - 1 if weight.shape[-1] == x.shape[-1] else list(weight.shape).index(x.shape[-1])
     index = [0] * weight.ndim
     index[axis] = j
     other = [a for a in range(weight.ndim) if a != axis][-1]
     if weight.shape[other] > j:
         index[other] = j  # a diagonal element of a square weight: the same change whichever way it is laid out
-    return tuple(index), float(columns[j])
+    return tuple(index)
 
 
-def _draw_changes(folder, bounds, seed):
+def _draw(folder, seed):
     """One cell per class with weights (inside the layers and outside apart), drawn at random:
-    (weight name ending, index, delta, entry, slot, kind)."""
+    (weight name ending, index, a small change, entry, weight slot, kind)."""
     rng = np.random.default_rng(seed)
     by_class = {}
     for name, cell, cls, call, body in _forward_entries(folder):
@@ -129,36 +128,52 @@ def _draw_changes(folder, bounds, seed):
     chosen = []
     for key in sorted(by_class):
         name, cell, body = by_class[key][int(rng.integers(len(by_class[key])))]
-        cls = key[0]
-        kind = noise.cell_reductions(cls, body).kind
+        kind = noise.cell_reductions(key[0], body).kind
         weight_name = max(body["parameters"], key=lambda w: len(body["parameters"][w]["shape"]))
         weight = folder.value(body["parameters"][weight_name])
         inputs = [folder.value(v) for v in body["input_args"] if isinstance(v, dict) and "data_name" in v]
-        output = folder.value(body["output"][0])
-        index, reach = _element(kind, weight, inputs, output)
-        size = max(bounds[(name, f"param.{weight_name}")], bounds[(name, "output.0")] / max(reach, 1e-30))
-        chosen.append((f"{cell}.{weight_name}", list(index), 10.0 * size, name, f"param.{weight_name}", kind))
+        index = _element(kind, weight, inputs, folder.value(body["output"][0]))
+        small = 1e-3 * float(np.abs(weight).max())
+        chosen.append([f"{cell}.{weight_name}", [int(i) for i in index], small, name, f"param.{weight_name}", kind])
     return chosen
+
+
+def _reads(rows, chosen):
+    """Per change, the slots that read the weight: itself and its cell's floating outputs that moved."""
+    by_slot = {(r["entry"], r["slot"]): r for r in rows}
+    out = []
+    for _, _, _, entry, slot, _ in chosen:
+        moved = [key for key, r in by_slot.items() if key[0] == entry and key[1].startswith("output")
+                 and r["dtype"].startswith(("float", "bfloat")) and float(r["max_abs_err"] or 0) > 0]
+        out.append([(entry, slot)] + moved)
+    return out
 
 
 def test_a_weight_changed_by_ten_times_its_bound_is_never_within_the_bound_of_a_slot_that_reads_it(
         clean, tmp_path, capsys):
+    """The change's size is fixed before the run that is judged: ten times the larger of the weight's bound and
+    the change that moves each slot reading it by its bound, measured on a run with one small change per weight
+    (all scaled by one factor, so a change upstream moves a slot in the same proportion in both runs)."""
     model, root, runs = clean
-    _, _, base_rows = compare(capsys, runs["again"], runs["a"], tmp_path / "null")
-    folder = DumpFolder(os.path.join(runs["a"], "step0", "rank"))
-    chosen = _draw_changes(folder, _bounds(base_rows), sum(model.encode()))
-    kinds = {kind for *_, kind in chosen}
-    assert {"lookup", "matmul", "norm"} <= kinds, chosen
-    changed = _train(root / "changed", model, changes=[c[:3] for c in chosen])
+    _, _, null_rows = compare(capsys, runs["again"], runs["a"], tmp_path / "null")
+    bounds = _bounds(null_rows)
+    chosen = _draw(DumpFolder(os.path.join(runs["a"], "step0", "rank")), sum(model.encode()))
+    assert {"lookup", "matmul", "norm"} <= {c[5] for c in chosen}, chosen
+    small = _train(root / "small", model, changes=[c[:3] for c in chosen])
+    _, _, small_rows = compare(capsys, small, runs["a"], tmp_path / "small")
+    reads = _reads(small_rows, chosen)
+    assert all(len(slots) > 1 for slots in reads), list(zip(chosen, reads))  # every change moves an output
+    moved = {(r["entry"], r["slot"]): float(r["max_abs_err"]) for r in small_rows}
+    factor = 10.0 * max(bounds[key] / moved[key] for slots in reads for key in slots)
+    changed = _train(root / "changed", model, changes=[[c[0], c[1], factor * c[2]] for c in chosen])
     _, _, rows = compare(capsys, changed, runs["a"], tmp_path / "changed")
     by_slot = {(r["entry"], r["slot"]): r for r in rows}
-    within = []
-    for weight, _, delta, entry, slot, kind in chosen:
-        for read in (slot, "output.0"):
-            row = by_slot[(entry, read)]
-            if not float(row["max_abs_err"]) > float(row["noise_bound"]) > 0:
-                within.append((weight, kind, delta, read, row["max_abs_err"], row["noise_bound"]))
-    assert not within, (model, within)
+    within = [(weight, kind, key, by_slot[key]["max_abs_err"], by_slot[key]["noise_bound"])
+              for (weight, _, _, _, _, kind), slots in zip(chosen, reads) for key in slots
+              if not float(by_slot[key]["max_abs_err"]) > float(by_slot[key]["noise_bound"]) > 0]
+    assert not within, (model, factor, within)
+    sizes = [factor * c[2] / bounds[(c[3], c[4])] for c in chosen]
+    assert min(sizes) >= 10.0, sizes  # every weight changed by at least ten times its own bound
 
 
 # -- the learning-rate case ----------------------------------------------------------------------

@@ -23,9 +23,11 @@ and accumulate in float32 at least. So a slot's noise bound is
   input, the gradient of a backward entry's output) keeps the bound of the cell that produced
   it, found by its statistics among the outputs seen before (:class:`Tracker`);
 * ``M``: the magnitude of what was added: the largest root mean square (Norm / sqrt(elements))
-  of the floating tensors the slot depends on (an output: the entry's floating inputs, its
-  weights and itself; an input gradient: the gradients received and the cell's weights; a
-  weight or a received value: itself, or its producer's), the slot itself on either side.
+  of what the slot adds up and of the slot itself on either side: a matmul's partial sums
+  (the RMS of its weights times its input's times sqrt(K), forward and backward alike), a
+  norm's weights (times the gradient it receives, backward), else the largest RMS of what
+  the entry computes from (its floating inputs and weights; backward, the gradients it
+  receives and the cell's weights); a weight or a received value: itself, or its producer's.
   Integer and bool tensors (token ids, masks) and additive attention masks (largest value 0,
   smallest -1e3 or below: softmax makes zeros of them) never set it. A value zero in exact arithmetic
   (the gradient of a key projection's bias: softmax ignores a constant added to a row of
@@ -255,15 +257,21 @@ class Tracker:
 
 
 def dependencies(direction: str, body: Dict[str, Any], cell: Optional[Reductions]) -> float:
-    """The largest RMS of what an entry's outputs are computed from: its floating inputs and weights (forward),
-    the gradients it receives and the cell's weights (backward)."""
-    top = cell.weights if cell is not None else 0.0
+    """The magnitude of what an entry's outputs add up: a matmul's partial sums (the RMS of its weights times
+    its input's times sqrt(K): its output may cancel to far less), a norm's weights times what it receives,
+    else the largest RMS of what it is computed from (its floating inputs and weights forward, the gradients it
+    receives and the cell's weights backward)."""
+    weights = cell.weights if cell is not None else 0.0
     if direction == FORWARD:
-        top = max([top] + [magnitude(r) for r in weight_records(body).values()])
-    for slot, record in tensor_slots(direction, body):
-        if not slot.startswith("output"):
-            top = max(top, magnitude(record))
-    return top
+        weights = max([weights] + [magnitude(r) for r in weight_records(body).values()])
+    received = max((magnitude(r) for slot, r in tensor_slots(direction, body) if not slot.startswith("output")),
+                   default=0.0)
+    kind = cell.kind if cell is not None else ""
+    if kind == "matmul":
+        return weights * received * math.sqrt(cell.forward if direction == FORWARD else cell.backward)
+    if kind == "norm":
+        return weights * (1.0 if direction == FORWARD else received)
+    return max(weights, received)
 
 
 def weight_grad_scale(body: Dict[str, Any], base_body: Optional[Dict[str, Any]], cell: Optional[Reductions]

@@ -316,8 +316,6 @@ class UnitPairer:
 
     def pair_slot(self, row, record, base_body, base_cell, rules: CompareRules) -> Dict[str, Any]:
         base_slot, use_split, use_act, why_not = map_slot(row["slot"], row["direction"], rules)
-        if row["direction"] == BACKWARD and not why_not and _integer(record):
-            why_not = "an integer or bool input has no gradient (what the framework returns there is no value)"
         if why_not:
             return dict(row, status="skipped", skip_class=BY_DESIGN, reason=why_not)
         row["baseline_slot"] = base_slot
@@ -476,10 +474,6 @@ def _weight_partner(name: str, ours: Tuple[str, ...], theirs: Dict[str, Any]) ->
     if not theirs:
         return None, "the baseline records no weights for this cell"
     return None, f"baseline cell has no weight {name!r} (it has: {', '.join(theirs)})"
-
-
-def _integer(record: Dict[str, Any]) -> bool:
-    return canonical_dtype(record.get("dtype")).startswith(("int", "uint", "bool"))
 
 
 def _describe(record: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
