@@ -120,3 +120,53 @@ def test_bfloat16_runs_whose_reduction_order_differs_flag_nothing_and_a_fault_is
     write_dump(str(tmp_path / "fault"), _bf16_run(2, scaled_layer=2))
     code, result = compare(capsys, tmp_path / "fault", tmp_path / "one", tmp_path / "out-fault")
     assert code == 1 and result["first_divergence"]["cell"] == "layers.2.fc", result["headline"]
+
+
+# -- a run that computes a branch in float16, against one that computes it in float32 ------------------
+
+
+def _capture_low_precision(path, fp_dtype=None):
+    """tests/support/low_precision_net.py (a bfloat16 and a float16 branch), one step in PyNative; ``fp_dtype``
+    replaces the float16 branch's dtype."""
+    import mindspore as ms
+    from mindspore import nn
+
+    import mf_celldump
+    from tests.support import low_precision_net as lp
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    net = lp.make_net()
+    if fp_dtype is not None:
+        for up in (net.fp.up1, net.fp.up2, net.fp.up3, net.fp.up4):
+            up.dtype = getattr(ms, fp_dtype)
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.0))
+    dump = mf_celldump.attach(train, {"dump_path": str(path), "task": "tensor", "process_on_train_end": False})
+    with dump.step(0):
+        train(lp.make_input())
+    dump.detach()
+    assert mf_celldump.process_captured(dump).ok
+    return path
+
+
+def test_a_dtype_change_is_said_first_and_later_values_get_the_narrower_dtypes_noise(tmp_path, capsys):
+    half = _capture_low_precision(tmp_path / "half")
+    again = _capture_low_precision(tmp_path / "again")
+    single = _capture_low_precision(tmp_path / "single", "float32")
+    code, null = compare(capsys, again, half, tmp_path / "out-null")
+    assert code == 0 and null["dtype_change"] is None, null["headline"]
+    code, result = compare(capsys, single, half, tmp_path / "out")
+    change = result["dtype_change"]
+    assert (change["entry"], change["slot"], change["dtype"], change["baseline_dtype"]) == (
+        "Cell.fp.up1.Up.forward.0", "output.0", "float32", "float16"), change
+    with open(null["csv"], newline="") as handle:
+        null_bounds = {(r["entry"], r["slot"]): float(r["noise_bound"]) for r in csv.DictReader(handle)}
+    with open(result["csv"], newline="") as handle:
+        rows = {(r["entry"], r["slot"]): r for r in csv.DictReader(handle)}
+    after = rows[("Cell.fp.down.Down.forward.0", "output.0")]  # float32 on both sides, computed from float16
+    assert after["dtype"] == after["baseline_dtype"] == "float32"
+    assert float(after["noise_bound"]) > 100 * null_bounds[("Cell.fp.down.Down.forward.0", "output.0")]
+    celldump_main(["compare", str(single), str(half), "-o", str(tmp_path / "out-text")])
+    text = capsys.readouterr().out
+    assert "DTYPE CHANGES first at Cell.fp.up1.Up.forward.0 output.0" in text, text
+    verdict = [line for line in text.splitlines() if line.startswith(("FIRST DIVERGENCE", "no divergence", "DTYPE"))]
+    assert verdict[0].startswith("DTYPE CHANGES"), verdict

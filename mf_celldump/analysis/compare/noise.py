@@ -10,9 +10,9 @@ and accumulate in float32 at least. So a slot's noise bound is
     bound = SAFETY * sqrt(D) * (u + u_acc * sqrt(K)) * M
 
 * ``u``: the unit roundoff of the less precise dtype of the two sides (float64 2**-53,
-  float32 2**-24, float16 2**-11, bfloat16 2**-8; integers are compared exactly), and of the
-  narrowest dtype either side has computed in so far when the two sides' differ (a float32
-  value computed from a float16 one carries float16's rounding); ``u_acc`` = min(u, 2**-24):
+  float32 2**-24, float16 2**-11, bfloat16 2**-8; integers are compared exactly), and of a
+  dtype one side has computed in so far and the other has not (a float32 value computed from
+  a float16 one carries float16's rounding); ``u_acc`` = min(u, 2**-24):
   accumulation is never coarser than float32;
 * ``K``: the length of the reductions that produced the slot's value, from the cell's own
   shapes (:func:`cell_reductions`): 1 for a lookup, a copy or an elementwise cell; a matmul's
@@ -60,7 +60,7 @@ SAFETY = 4.0
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 ACCUMULATION = UNIT_ROUNDOFF["float32"]
 # What load time leaves in an entry body for pairing (the store keeps bodies as they are given): the links of
-# its received values to their producers and the narrowest dtype its side has computed in so far.
+# its received values to their producers and the floating dtypes its side has computed in so far.
 CONTEXT_KEY = "mf_celldump_noise"
 MASK_FILL = -1e3
 RECENT_OUTPUTS = 4096  # outputs remembered for linking (a value is received soon after it is produced)
@@ -205,14 +205,14 @@ def _fingerprint(direction: str, record: Dict[str, Any]) -> Optional[Tuple[Any, 
 @dataclass
 class Tracker:
     """Load-time state of one side's entry stream: the cells' reductions, the producers of the outputs
-    seen lately (to link a received value to them) and the narrowest floating dtype computed so far."""
+    seen lately (to link a received value to them) and the floating dtypes computed in so far."""
 
     cells: Dict[str, Reductions] = field(default_factory=dict)
     recent: OrderedDict[Tuple[Any, ...], list] = field(default_factory=OrderedDict)
-    narrowest: Optional[str] = None
+    dtypes: set = field(default_factory=set)
 
     def see(self, cell: str, cls: str, direction: str, ordinal: int, depth: int, body: Dict[str, Any]) -> None:
-        """Note what ``body`` tells and leave its context (links, narrowest dtype) in it."""
+        """Note what ``body`` tells and leave its context (links, dtypes so far) in it."""
         if not isinstance(body, dict):
             return
         if direction == FORWARD and ordinal == 0 and cell not in self.cells:
@@ -224,15 +224,14 @@ class Tracker:
         self.note_dtype(direction, body)
 
     def note_dtype(self, direction: str, body: Dict[str, Any]) -> None:
-        """Leave in ``body`` the narrowest floating dtype its side has computed in up to it."""
+        """Leave in ``body`` the floating dtypes its side has computed in up to it."""
         if not isinstance(body, dict):
             return
         for _, record in (tensor_slots(direction, body) if direction != PARAMETERS_GRAD else ()):
-            dtype = canonical_dtype(record.get("dtype")) if floating(record) else None
-            if dtype and (self.narrowest is None or UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[self.narrowest]):
-                self.narrowest = dtype
-        if self.narrowest:
-            body.setdefault(CONTEXT_KEY, {})["narrowest"] = self.narrowest
+            if floating(record):
+                self.dtypes.add(canonical_dtype(record.get("dtype")))
+        if self.dtypes:
+            body.setdefault(CONTEXT_KEY, {})["dtypes"] = sorted(self.dtypes)
 
     def _link(self, cell: str, direction: str, depth: int, body: Dict[str, Any]) -> Dict[str, list]:
         links, deps = {}, dependencies(direction, body, self.cells.get(cell))
@@ -308,10 +307,10 @@ def slot_scale(direction: str, slot: str, body: Dict[str, Any], record: Dict[str
 
 
 def narrowest(*bodies: Optional[Dict[str, Any]]) -> Tuple[Optional[str], ...]:
-    """The narrowest dtype each side computed in up to these entries, when the two sides' differ (a dtype
-    change upstream: values are then judged with the narrower one's noise); () when they agree."""
-    found = tuple(((b or {}).get(CONTEXT_KEY) or {}).get("narrowest") for b in bodies)
-    return found if len(set(found)) > 1 else ()
+    """The floating dtypes one side has computed in up to these entries and the other has not (a dtype change
+    upstream: values are then judged with the narrowest one's noise); () when they agree."""
+    found = [set(((b or {}).get(CONTEXT_KEY) or {}).get("dtypes") or ()) for b in bodies]
+    return tuple(sorted(set.union(*found) - set.intersection(*found))) if found else ()
 
 
 def bound(dtypes: Tuple[Optional[str], ...], depth: int, scale: Scale) -> float:

@@ -149,7 +149,7 @@ def _with_depth(numbered, tracker: Optional[noise.Tracker] = None):
 
 
 def _noted(numbered, tracker: noise.Tracker):
-    """Baseline entries unchanged but for the narrowest dtype computed so far, left in each body."""
+    """Baseline entries unchanged but for the floating dtypes computed in so far, left in each body."""
     for row in numbered:
         tracker.note_dtype(row[1], row[4])
         yield row
@@ -363,8 +363,8 @@ class UnitPairer:
         return _measured_row(row, measured, limits)
 
     def noise_bound(self, row, record, base_record) -> float:
-        """The slot's rounding-noise bound (``noise``): its dtypes (and the narrowest each side computed in so
-        far, when they differ), its depth and the scale of what it depends on."""
+        """The slot's rounding-noise bound (``noise``): its dtypes (and those one side computed in so far and
+        the other did not), its depth and the scale of what it depends on."""
         body, base_body = self._bodies
         cell = self.reductions.get(row["cell"])
         if row["kind"] == WEIGHT_GRAD:
