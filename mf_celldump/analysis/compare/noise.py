@@ -109,10 +109,6 @@ class Scale:
     magnitude: float = 0.0
 
 
-# Kept for callers of the former name: one scale per entry is now one scale per slot.
-EntryScale = Scale
-
-
 @dataclass(frozen=True)
 class Reductions:
     """The reduction lengths of one cell, read from the shapes of its first forward call."""
