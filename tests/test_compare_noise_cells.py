@@ -4,7 +4,8 @@ The models are the example YAMLs' tiny MindFormers LLaMA, Qwen3 (mcore) and Deep
 router, experts, MTP), trained one step through ``mindformers.Trainer`` on CPU with a tensor dump
 (``tests/support/mcore_models.py train``). Per model:
 
-* null pairs stay clean: the same run twice, and graph mode against PyNative;
+* null pairs stay clean: the same run twice, and graph mode against PyNative (DeepSeek-V3: its forward;
+  its MLA backward differs between the modes, see ``FORWARD_ONLY``);
 * for every class of cell that holds weights (a lookup, a matmul, a norm: embedding, projections,
   router, experts, lm_head, the norms, MTP's projection), one cell drawn at random gets one weight
   element changed by at least ten times the larger of two sizes fixed before the run that is judged:
@@ -75,12 +76,24 @@ def clean(request, tmp_path_factory):
                          (("a", "pynative"), ("again", "pynative"), ("graph", "graph"))}
 
 
+# DeepSeek-V3's backward is no null pair between graph mode and PyNative on CPU: the forward is bit-identical,
+# but the input gradients of the MLA ``linear_kvb`` projections (decoder and MTP layers) keep their norm and
+# lose their direction (cosine 0.03 to 0.2, rel_err 1.3): other values, not other roundings. Only its forward
+# is held to agree.
+FORWARD_ONLY = {("deepseek3", "graph")}
+
+
 def test_null_pairs_of_every_model_stay_clean(clean, tmp_path, capsys):
     model, _, runs = clean
     for other in ("again", "graph"):
         code, result, rows = compare(capsys, runs[other], runs["a"], tmp_path / other)
         diverged = [(r["entry"], r["slot"], r["max_abs_err"], r["noise_bound"]) for r in rows
                     if r["status"] == "diverged"]
+        if (model, other) in FORWARD_ONLY:
+            forward = [d for d, r in zip(diverged, (r for r in rows if r["status"] == "diverged"))
+                       if r["direction"] == "forward"]
+            assert not forward and any(r["direction"] == "forward" and r["status"] == "ok" for r in rows), forward
+            continue
         assert code == 0 and result["verdict"] == "within thresholds", (model, other, result["headline"], diverged)
 
 
