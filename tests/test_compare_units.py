@@ -437,3 +437,75 @@ def test_without_matplotlib_compare_writes_the_rest_and_names_the_extra(tmp_path
     assert sorted(os.listdir(tmp_path / "without")) == ["compare_pairs.csv", "report.html"]
     assert (tmp_path / "without" / "compare_pairs.csv").read_text() == \
         (tmp_path / "with" / "compare_pairs.csv").read_text()
+
+
+# --- the noise bound's rules, on records as a dump holds them --------------------------------------------
+
+
+def _rec(dtype, shape, norm, top=1.0, bottom=-1.0):
+    return {"type": "mindspore.Tensor", "dtype": dtype, "shape": shape, "Max": top, "Min": bottom, "Mean": 0.1,
+            "Norm": norm}
+
+
+def test_each_cell_kind_has_the_reduction_it_computes():
+    from mf_celldump.analysis.compare import noise
+
+    ids = _rec("Int32", [2, 16], 7000.0, 127, 1)
+    embedding = {"input_args": [ids], "output": [_rec("Float32", [2, 16, 64], 2.0)],
+                 "parameters": {"weight": _rec("Float32", [128, 64], 5.0)}}
+    linear = {"input_args": [_rec("Float32", [2, 16, 64], 30.0)], "output": [_rec("Float32", [2, 16, 96], 9.0)],
+              "parameters": {"weight": _rec("Float32", [96, 64], 4.0)}}
+    norm = {"input_args": [_rec("Float32", [2, 16, 64], 30.0)], "output": [_rec("Float32", [2, 16, 64], 32.0)],
+            "parameters": {"weight": _rec("Float32", [64], 8.0)}}
+    act = {"input_args": [_rec("Float32", [2, 16, 96], 9.0)], "output": [_rec("Float32", [2, 16, 96], 5.0)]}
+    kinds = {name: noise.cell_reductions(cls, body) for name, cls, body in (
+        ("m.embed", "Embedding", embedding), ("m.layers.0.mlp.up", "Linear", linear),
+        ("m.layers.0.norm", "RMSNorm", norm), ("m.layers.0.mlp.act", "SiLU", act))}
+    assert [(r.kind, r.forward, r.backward, r.tokens) for r in kinds.values()] == [
+        ("lookup", 1.0, 1.0, 32.0), ("matmul", 64.0, 96.0, 32.0), ("norm", 64.0, 64.0, 32.0),
+        ("elementwise", 1.0, 1.0, 1.0)]
+    kinds.update({"m": noise.Reductions(), "m.layers.0": noise.Reductions(), "m.layers.0.mlp": noise.Reductions()})
+    composed = noise.compose(kinds)
+    assert composed["m.layers.0.mlp"].forward == pytest.approx((8 + 1) ** 2)  # up and act, the leaves inside
+    assert composed["m.layers.0"].forward == pytest.approx((8 + 1 + 8) ** 2)
+    assert composed["m"].forward == pytest.approx((1 + 8 + 1 + 8) ** 2) and composed["m.embed"].kind == "lookup"
+
+
+def test_token_ids_never_set_the_magnitude_and_a_received_value_keeps_its_producers_bound():
+    from mf_celldump.analysis.compare import noise
+
+    ids = _rec("Int32", [2, 16], 7000.0, 127, 1)  # RMS about 219: as large as token ids get
+    looked_up = _rec("Float32", [2, 16, 64], 2.0, 0.5, -0.5)
+    mask = _rec("Float32", [2, 1, 16, 16], 150000.0, 0.0, -10000.0)
+    embedding = {"input_args": [ids], "output": [looked_up], "parameters": {"weight": _rec("Float32", [128, 64], 5.0)}}
+    norm = {"input_args": [dict(looked_up), mask], "output": [_rec("Float32", [2, 16, 64], 32.0)],
+            "parameters": {"weight": _rec("Float32", [64], 8.0)}}
+    tracker = noise.Tracker()
+    tracker.see("m.embed", "Embedding", "forward", 0, 2, embedding)
+    tracker.see("m.layers.0.norm", "RMSNorm", "forward", 0, 3, norm)
+    cells = tracker.finish()
+
+    def bound_of(cell, body, slot, record, depth):
+        scale, at = noise.slot_scale("forward", slot, body, record, record, cells[cell], cells, depth)
+        return noise.bound(("float32", "float32"), at, scale)
+
+    produced = bound_of("m.embed", embedding, "output.0", looked_up, 2)
+    received = bound_of("m.layers.0.norm", norm, "input.0", norm["input_args"][0], 3)
+    assert produced == received  # one tensor, one bound
+    assert produced == pytest.approx(4 * 2 ** 0.5 * 2 * 2.0 ** -24 * 5.0 / (128 * 64) ** 0.5)  # the table's RMS
+    norm_out = bound_of("m.layers.0.norm", norm, "output.0", norm["output"][0], 3)
+    assert norm_out < 1e-5  # neither the mask's -10000 nor the ids' magnitude widen it
+
+
+def test_a_tensor_pair_whose_statistics_differ_beyond_their_bound_diverges():
+    from mf_celldump.analysis.compare import measure
+
+    result = metrics.PairMetrics(rel_err=9e-4, max_abs_err=1e-3)
+    limits = thresholds.DEFAULT_THRESHOLDS["float32"]
+    ours = {"Max": 1.002, "Min": 0.999, "Mean": 1.0, "Norm": 8.0}
+    theirs = {"Max": 1.0, "Min": 0.999, "Mean": 1.0, "Norm": 8.0}
+    measure._judge_statistics_too(result, ours, theirs, 64, limits, 1e-6)
+    assert result.diverged and "statistics differ beyond their bound" in result.note
+    quiet = metrics.PairMetrics(rel_err=9e-4, max_abs_err=1e-3)
+    measure._judge_statistics_too(quiet, ours, theirs, 64, limits, 1e-2)  # within the bound: rounding
+    assert not quiet.diverged

@@ -132,7 +132,15 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
         weight_timing=verdicts.weight_timing(store),
         diverged_directions=[r[0] for r in store.query(
             "select distinct direction from pairs where kind = 'activation' and status = 'diverged'")],
+        **_precision_findings(store),
     )
+
+
+def _precision_findings(store: Store) -> dict:
+    """Where the dtype changes, and what a statistics dump cannot decide (``verdicts``)."""
+    first = first_divergence(store)
+    return {"dtype_change": verdicts.dtype_change(store),
+            "statistics_undecided": verdicts.statistics_undecided(store, first)}
 
 
 def _write_reports(store: Store, result: CompareResult, workers: Workers) -> None:

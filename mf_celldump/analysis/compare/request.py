@@ -83,6 +83,8 @@ class CompareResult:
     factors: List[Dict[str, Any]] = field(default_factory=list)  # verdicts.common_factors
     weight_timing: Dict[str, Any] = field(default_factory=dict)  # verdicts.weight_timing
     diverged_directions: List[str] = field(default_factory=list)  # activation directions with a diverged pair
+    dtype_change: Optional[Dict[str, Any]] = None  # verdicts.dtype_change
+    statistics_undecided: Optional[Dict[str, Any]] = None  # verdicts.statistics_undecided
 
     @property
     def compared(self) -> int:

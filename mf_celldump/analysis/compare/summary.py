@@ -50,6 +50,8 @@ def to_json(result: CompareResult, code: int) -> dict:
         "weight_timing": result.weight_timing,
         "weights": result.weights,
         "crc": result.crc,
+        "dtype_change": result.dtype_change,
+        "statistics_undecided": result.statistics_undecided,
         "thresholds": {k: vars(v) for k, v in result.request.thresholds.items()},
         "output": result.request.output,
         "csv": result.csv_path,
@@ -102,9 +104,12 @@ def headline(result: CompareResult) -> str:
 
 
 def _causes(result: CompareResult) -> List[str]:
-    """What differs before the first divergent cell computes: the update of a step, the data."""
+    """What differs before the first divergent cell computes: where the dtypes part, the update of a step, the
+    data."""
     out = []
     timing, first = result.weight_timing, result.first
+    if result.dtype_change:
+        out.append(dtype_text(result.dtype_change))
     if timing.get("update_of") is not None:
         out.append(update_text(timing))
     if first is not None and first.data_differ:
@@ -215,6 +220,7 @@ def format_summary(result: CompareResult) -> str:
     if result.unpaired:
         lines.append(f"no baseline partner for: {', '.join(result.unpaired)}")
     lines.extend(coverage_lines(result.coverage))
+    lines.extend(precision_lines(result))
     lines.extend(_divergence_lines(result))
     lines.extend(weight_lines(result))
     lines.extend(crc_lines(result.crc))
@@ -233,6 +239,31 @@ def _unit_ranks(unit: Dict[str, Any]) -> str:
     if unit.get("ranks"):
         return f"ranks {', '.join(map(str, unit['ranks']))} merged"
     return f"rank {unit['rank']}"
+
+
+def dtype_text(change: Dict[str, Any]) -> str:
+    """``DTYPE CHANGES first at ...``: the first pair whose two sides compute in different floating dtypes."""
+    return (f"DTYPE CHANGES first at {change['entry']} {change['slot']} (step {_step(change['step'])} rank "
+            f"{change['rank']}): {change['dtype']} against {change['baseline_dtype']}, {change['pairs']} pairs in "
+            f"all; values from there are judged with the narrower dtype's rounding noise")
+
+
+def precision_lines(result: CompareResult) -> List[str]:
+    """Said before the values: where the two runs' dtypes part (values are judged with the narrower one's noise
+    from there), and the pairs a statistics dump cannot decide."""
+    lines = []
+    if result.dtype_change and result.verdict != DIVERGED:  # a divergence's headline says it first
+        lines.append(dtype_text(result.dtype_change))
+    undecided = result.statistics_undecided
+    if undecided:
+        names = ", ".join(f"{item['entry']} {item['slot']}" for item in undecided["first"])
+        more = f" and {undecided['count'] - len(undecided['first'])} more" if undecided["count"] > len(
+            undecided["first"]) else ""
+        where = "before the first divergence" if result.first else "in all"
+        lines.append(
+            f"statistics cannot decide {undecided['count']} pairs {where}: their statistics differ, but within their "
+            f"bound; elements may differ there unseen (a tensor dump decides): {names}{more}")
+    return lines
 
 
 def coverage_lines(coverage: Coverage) -> List[str]:
