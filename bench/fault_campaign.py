@@ -258,8 +258,8 @@ def cell_kind(path: str, cls: str) -> str:
     """The cell kind a table row counts: by class, the output layer by its name."""
     if path.endswith(("output_layer", "lm_head")):
         return "lm_head"
-    for word, kind in (("Norm", "norm"), ("Embedding", "embedding"), ("TopKRouter", "router"),
-                       ("FFNGroupedGEMM", "experts"), ("FreqsMgr", "rotary"), ("RotaryEmbedding", "rotary"),
+    for word, kind in (("Norm", "norm"), ("FreqsMgr", "rotary"), ("RotaryEmbedding", "rotary"),
+                       ("Embedding", "embedding"), ("TopKRouter", "router"), ("FFNGroupedGEMM", "experts"),
                        ("FlashAttention", "attention"), ("Attention", "attention"), ("Linear", "linear")):
         if word in cls:
             return kind
@@ -314,8 +314,8 @@ def draw_fault(name: str, rng, s: Structure, model: str, mode: str, task: str, n
         fault.target, fault.expect_cells = param, [s.owner(param)]
     elif name in ("epsilon", "softmax_scale", "rotary", "router_topk", "dtype_cell"):
         cells = {"epsilon": _cells_of(s, ("norm",)), "dtype_cell": _cells_of(s, ("norm",)),
-                 "softmax_scale": _cells_of(s, ("attention",)) if model != "llama"
-                 else [p for p, c in s.cells.items() if c == "LLamaAttention"],
+                 "softmax_scale": sorted(p for p, c in s.cells.items()  # the cells that hold the scale
+                                         if c in ("FlashAttention", "LLamaAttention") and p in s.forward),
                  "rotary": _rotary_cells(s), "router_topk": _cells_of(s, ("router",))}[name]
         fault.target = _pick(rng, cells)
         fault.expect_cells = [fault.target]
@@ -354,7 +354,10 @@ def draw_fault(name: str, rng, s: Structure, model: str, mode: str, task: str, n
     elif name == "loss_scale":
         fault.detail = {"loss_scale": magnitude}
         fault.target = "loss scale"
-        fault.expect_cells, fault.expect_direction, fault.expect_words = s.backward[:1], "backward", ["loss scale"]
+        # the gradient fed to the model differs: named at the loss's backward or at a wrapper before it
+        loss = next((i for i, p in enumerate(s.backward) if p.endswith("loss")), 0)
+        fault.expect_cells, fault.expect_direction = s.backward[:loss + 1], "backward"
+        fault.expect_words = ["loss scale"]
     elif name == "data":
         step, count = int(rng.integers(STEPS)), max(1, int(round(magnitude)))
         inputs = [r * (SEQ + 1) + j for r in range(BATCH) for j in range(SEQ)]  # positions read as inputs
