@@ -305,73 +305,100 @@ def draw_fault(name: str, rng, s: Structure, model: str, mode: str, task: str, n
     magnitude = None if kind.low is None else log_uniform(rng, kind.low, kind.high)
     fault = Fault(id=f"{model}-{mode}-{task}-{number:03d}-{name}", kind=name, model=model, mode=mode, task=task,
                   magnitude=magnitude, target="", cell_kind="")
-    first_weight = s.first_forward(s.param_owners())
-    if name in ("weight_element", "embedding", "lm_head"):
-        kinds = {"weight_element": ("linear", "norm"), "embedding": ("embedding",), "lm_head": ("lm_head",)}[name]
-        param = _pick(rng, _weight_params(s, kinds))
-        row = _pick(rng, s.tokens) if name == "embedding" else None
-        fault.detail = {"scale": {param: [_element(rng, s, param, row)]}, "factor": magnitude}
-        fault.target, fault.expect_cells = param, [s.owner(param)]
-    elif name in ("epsilon", "softmax_scale", "rotary", "router_topk", "dtype_cell"):
-        cells = {"epsilon": _cells_of(s, ("norm",)), "dtype_cell": _cells_of(s, ("norm",)),
-                 "softmax_scale": sorted(p for p, c in s.cells.items()  # the cells that hold the scale
-                                         if c in ("FlashAttention", "LLamaAttention") and p in s.forward),
-                 "rotary": _rotary_cells(s), "router_topk": _cells_of(s, ("router",))}[name]
-        fault.target = _pick(rng, cells)
-        fault.expect_cells = [fault.target]
-        factor = magnitude
-        if name in ("softmax_scale", "rotary") and rng.random() < 0.5:
-            factor = 1.0 / magnitude
-        fault.detail = {"attribute": fault.target, "factor": factor}
-        if name == "router_topk":
-            fault.detail["topk"] = _pick(rng, [1, 3])  # the baseline routes each token to 2 of 4 experts
-    elif name == "expert_weights":
-        cell = _pick(rng, _cells_of(s, ("experts",)))
-        expert = int(rng.integers(4))
-        params = [n for n in s.params if s.owner(n) == cell]
-        fault.detail = {"expert_scale": {p: expert for p in params}, "experts": 4, "factor": magnitude}
-        fault.target, fault.expect_cells = f"{cell} expert {expert}", [cell]
-    elif name == "layer_init":
-        layer = _pick(rng, _layers(s))
-        params = [n for n in s.params if n.startswith(layer + ".")
-                  and cell_kind(s.owner(n), s.cells.get(s.owner(n), "")) != "norm"]
-        fault.detail = {"scale_all": params, "factor": magnitude}
-        fault.target, fault.expect_cells = layer, s.first_forward([s.owner(p) for p in params])
-    elif name in OPTIMIZER_KINDS:
-        setting = {"optimizer_lr": "learning_rate", "optimizer_eps": "eps", "weight_decay": "weight_decay",
-                   "gradient_clipping": "clip", "optimizer_betas": _pick(rng, ["beta1", "beta2"])}[name]
-        base = {"learning_rate": LR, "eps": EPS, "weight_decay": 0.0, "beta1": BETA1, "beta2": BETA2}.get(setting)
-        if setting == "clip":
-            fault.detail = {"clip": s.grad_norm / magnitude}
-        elif setting in ("beta1", "beta2"):
-            fault.detail = {"optimizer": {setting: 1.0 - (1.0 - base) * magnitude}}
-        elif setting == "weight_decay":
-            fault.detail = {"optimizer": {setting: magnitude}}
-        else:
-            fault.detail = {"optimizer": {setting: base * magnitude}}
-        fault.target = setting
-        fault.expect_cells, fault.expect_step, fault.expect_words = first_weight, 1, ["update of step 0"]
-    elif name == "loss_scale":
-        fault.detail = {"loss_scale": magnitude}
-        fault.target = "loss scale"
-        # the gradient fed to the model differs: named at the loss's backward or at a wrapper before it
-        loss = next((i for i, p in enumerate(s.backward) if p.endswith("loss")), 0)
-        fault.expect_cells, fault.expect_direction = s.backward[:loss + 1], "backward"
-        fault.expect_words = ["loss scale"]
-    elif name == "data":
-        step, count = int(rng.integers(STEPS)), max(1, int(round(magnitude)))
-        inputs = [r * (SEQ + 1) + j for r in range(BATCH) for j in range(SEQ)]  # positions read as inputs
-        positions = sorted(int(p) for p in rng.choice(inputs, size=min(count, len(inputs)), replace=False))
-        fault.detail = {"data": {"step": step, "positions": positions,
-                                 "tokens": [int(t) for t in rng.integers(1, VOCAB, size=len(positions))]}}
-        fault.target, fault.expect_step, fault.expect_words = "batch", step, ["data differ"]
-        # the model's input differs: named at a cell that runs before any weight is used, or at the lookup
-        fault.expect_cells = s.forward[:s.forward.index(first_weight[0]) + 1]
-    elif name == "dtype_model":
+    first_weight = s.first_forward(s.param_owners())  # the first cell that computes with a weight
+    groups = {"weight_element": _draw_weight, "embedding": _draw_weight, "lm_head": _draw_weight,
+              "expert_weights": _draw_expert, "layer_init": _draw_layer, "loss_scale": _draw_loss_scale,
+              "data": _draw_data}
+    for attribute_kind in ("epsilon", "softmax_scale", "rotary", "router_topk", "dtype_cell"):
+        groups[attribute_kind] = _draw_attribute
+    for optimizer_kind in OPTIMIZER_KINDS:
+        groups[optimizer_kind] = _draw_optimizer
+    if name == "dtype_model":
         fault.detail = {"dtype": "float16"}
         fault.target, fault.expect_cells, fault.expect_words = "model", first_weight, ["dtype"]
+    else:
+        groups[name](fault, rng, s, first_weight)
     fault.cell_kind = _fault_cell_kind(fault, s)
     return fault
+
+
+def _draw_weight(fault: Fault, rng, s: Structure, first_weight: List[str]) -> None:
+    """One element of a weight scaled; an embedding's in a row the batch looks up."""
+    kinds = {"weight_element": ("linear", "norm"), "embedding": ("embedding",), "lm_head": ("lm_head",)}[fault.kind]
+    param = _pick(rng, _weight_params(s, kinds))
+    row = _pick(rng, s.tokens) if fault.kind == "embedding" else None
+    fault.detail = {"scale": {param: [_element(rng, s, param, row)]}, "factor": fault.magnitude}
+    fault.target, fault.expect_cells = param, [s.owner(param)]
+
+
+def _draw_attribute(fault: Fault, rng, s: Structure, first_weight: List[str]) -> None:
+    """A cell's setting changed: the cell that holds it computes differently first."""
+    cells = {"epsilon": _cells_of(s, ("norm",)), "dtype_cell": _cells_of(s, ("norm",)),
+             "softmax_scale": sorted(p for p, c in s.cells.items()  # the cells that hold the scale
+                                     if c in ("FlashAttention", "LLamaAttention") and p in s.forward),
+             "rotary": _rotary_cells(s), "router_topk": _cells_of(s, ("router",))}[fault.kind]
+    fault.target = _pick(rng, cells)
+    fault.expect_cells = [fault.target]
+    factor = fault.magnitude
+    if fault.kind in ("softmax_scale", "rotary") and rng.random() < 0.5:
+        factor = 1.0 / fault.magnitude
+    fault.detail = {"attribute": fault.target, "factor": factor}
+    if fault.kind == "router_topk":
+        fault.detail["topk"] = _pick(rng, [1, 3])  # the baseline routes each token to 2 of 4 experts
+
+
+def _draw_expert(fault: Fault, rng, s: Structure, first_weight: List[str]) -> None:
+    cell = _pick(rng, _cells_of(s, ("experts",)))
+    expert = int(rng.integers(4))
+    params = [n for n in s.params if s.owner(n) == cell]
+    fault.detail = {"expert_scale": {p: expert for p in params}, "experts": 4, "factor": fault.magnitude}
+    fault.target, fault.expect_cells = f"{cell} expert {expert}", [cell]
+
+
+def _draw_layer(fault: Fault, rng, s: Structure, first_weight: List[str]) -> None:
+    layer = _pick(rng, _layers(s))
+    params = [n for n in s.params if n.startswith(layer + ".")
+              and cell_kind(s.owner(n), s.cells.get(s.owner(n), "")) != "norm"]
+    fault.detail = {"scale_all": params, "factor": fault.magnitude}
+    fault.target, fault.expect_cells = layer, s.first_forward([s.owner(p) for p in params])
+
+
+def _draw_optimizer(fault: Fault, rng, s: Structure, first_weight: List[str]) -> None:
+    """Step 0 agrees; its update differs, so weights differ at step 1's start."""
+    magnitude = fault.magnitude
+    setting = {"optimizer_lr": "learning_rate", "optimizer_eps": "eps", "weight_decay": "weight_decay",
+               "gradient_clipping": "clip", "optimizer_betas": _pick(rng, ["beta1", "beta2"])}[fault.kind]
+    base = {"learning_rate": LR, "eps": EPS, "weight_decay": 0.0, "beta1": BETA1, "beta2": BETA2}.get(setting)
+    if setting == "clip":
+        fault.detail = {"clip": s.grad_norm / magnitude}
+    elif setting in ("beta1", "beta2"):
+        fault.detail = {"optimizer": {setting: 1.0 - (1.0 - base) * magnitude}}
+    elif setting == "weight_decay":
+        fault.detail = {"optimizer": {setting: magnitude}}
+    else:
+        fault.detail = {"optimizer": {setting: base * magnitude}}
+    fault.target = setting
+    fault.expect_cells, fault.expect_step, fault.expect_words = first_weight, 1, ["update of step 0"]
+
+
+def _draw_loss_scale(fault: Fault, rng, s: Structure, first_weight: List[str]) -> None:
+    fault.detail = {"loss_scale": fault.magnitude}
+    fault.target = "loss scale"
+    # the gradient fed to the model differs: named at the loss's backward or at a wrapper before it
+    loss = next((i for i, p in enumerate(s.backward) if p.endswith("loss")), 0)
+    fault.expect_cells, fault.expect_direction = s.backward[:loss + 1], "backward"
+    fault.expect_words = ["loss scale"]
+
+
+def _draw_data(fault: Fault, rng, s: Structure, first_weight: List[str]) -> None:
+    step, count = int(rng.integers(STEPS)), max(1, int(round(fault.magnitude)))
+    inputs = [r * (SEQ + 1) + j for r in range(BATCH) for j in range(SEQ)]  # positions read as inputs
+    positions = sorted(int(p) for p in rng.choice(inputs, size=min(count, len(inputs)), replace=False))
+    fault.detail = {"data": {"step": step, "positions": positions,
+                             "tokens": [int(t) for t in rng.integers(1, VOCAB, size=len(positions))]}}
+    fault.target, fault.expect_step, fault.expect_words = "batch", step, ["data differ"]
+    # the model's input differs: named at a cell that runs before any weight is used, or at the lookup
+    fault.expect_cells = s.forward[:s.forward.index(first_weight[0]) + 1]
 
 
 def _fault_cell_kind(fault: Fault, s: Structure) -> str:
