@@ -746,6 +746,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "group":
         run_group(out, args.model, args.mode, args.task, args.count, args.seed, args.sample)
         return 0
+    statuses: List[dict] = []
     if args.command == "run":
         groups = [(m, p, t) for m in args.models.split(",") for p in args.modes.split(",")
                   for t in args.tasks.split(",")]
@@ -756,10 +757,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{status['group']}: exit {status['exit']} ({status['log']})")
         print(f"campaign: {len(groups)} groups in {time.time() - started:.0f} s with {args.jobs} processes")
     text = tables(out)
+    failed = [s for s in statuses if s["exit"]]
+    if failed:  # a group that stopped (its baseline could not run) is named, never left out silently
+        text += "\nGroups that stopped before their faults ran:\n\n" + "".join(
+            f"- {s['group']}: exit {s['exit']}, see {s['log']}\n" for s in failed)
     with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as handle:
         handle.write(text)
     print(text)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
