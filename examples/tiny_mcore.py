@@ -72,24 +72,43 @@ def twin_train_cells(model: str, mode: str, seed: int = 0, sizes: Optional[dict]
     from mindspore import nn
 
     config = _config(model, mode, sizes)
+    cells = []
+    for _ in range(count):
+        ms.set_seed(seed)
+        net = _loss_only(build_network(copy.deepcopy(config.model)))
+        train = nn.TrainOneStepCell(net, nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3))
+        train.set_train(True)
+        cells.append(train)
+    return cells
+
+
+def loss_network(model: str, mode: str, seed: int = 0, sizes: Optional[dict] = None):
+    """The example ``model`` as a cell taking ``(input_ids, labels)`` and returning the LM loss (no optimizer),
+    for a training wrapper of your own (the fault campaign sets its optimizer, loss scale and clipping)."""
+    import mindspore as ms
+    from mindformers.models.build_model import build_network
+
+    config = _config(model, mode, sizes)
+    ms.set_seed(seed)
+    return _loss_only(build_network(config.model))
+
+
+def _loss_only(net):
+    """``net`` (GPTModel's causal LM) behind a cell returning the loss alone (labels by position 4)."""
+    from mindspore import nn
 
     class LossOnly(nn.Cell):
-        def __init__(self, net):
+        def __init__(self, inner):
             super().__init__()
-            self.net = net
+            self.net = inner
 
         def construct(self, input_ids, labels):
             return self.net(input_ids, None, None, None, labels)[0]
 
-    cells = []
-    for _ in range(count):
-        ms.set_seed(seed)
-        net = build_network(copy.deepcopy(config.model))
-        net.set_train(True)
-        train = nn.TrainOneStepCell(LossOnly(net), nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3))
-        train.set_train(True)
-        cells.append(train)
-    return cells
+    net.set_train(True)
+    wrapped = LossOnly(net)
+    wrapped.set_train(True)
+    return wrapped
 
 
 def token_batches(count: int, batch: int, seq_length: int, vocab_size: int, seed: int = 0) -> list:
