@@ -1,5 +1,5 @@
 """CellDumpCallback without MindFormers training: construction, the compile hook, step bookkeeping,
-registration, the MindFormers 2.0 callback protocol (stand-in), on a small real network.
+registration, the MindFormers 2.x callback protocol (stand-in), on a small real network.
 
 Training runs go in subprocesses (MindSpore's execution mode is per process).
 """
@@ -300,7 +300,7 @@ def test_without_the_hook_a_precompiled_forward_capture_captures_nothing(tmp_pat
 
 
 # ----------------------------------------------------------------------------------------
-# MindFormers 2.0 PyNative trainer: not installable here (needs hyper-parallel), so a
+# MindFormers 2.x PyNative trainer: not installable here (needs hyper-parallel), so a
 # stand-in calls the documented callback methods with the documented arguments.
 MF2_STANDIN = textwrap.dedent('''
     import json, sys

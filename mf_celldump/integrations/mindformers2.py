@@ -1,4 +1,4 @@
-"""MindFormers 2.0's PyNative-trainer callback protocol -> a ``TrainingRun``.
+"""MindFormers 2.x's PyNative-trainer callback protocol -> a ``TrainingRun``.
 
 ``on_train_begin(args, state, model=[chunks], optimizer=..., ...)``,
 ``on_step_begin(args, state, ...)``, ``on_step_end(args, state, loss=..., ...)``; ``state``
@@ -48,7 +48,7 @@ def model_root(model: Any):
 
 
 class MindFormers2Adapter:
-    """Typed MindFormers 2.0 trainer hooks."""
+    """Typed MindFormers 2.x trainer hooks."""
 
     def on_train_begin(self, run: TrainingRun, args: Any = None, state: Any = None,
                        model: Optional[Any] = None, **kwargs: Any) -> None:
@@ -56,11 +56,11 @@ class MindFormers2Adapter:
         if network is None:
             raise ValueError(
                 "CellDumpCallback: on_train_begin got no model (expected model=<Cell or list of model "
-                "chunks> from the MindFormers 2.0 trainer)"
+                "chunks> from the MindFormers 2.x trainer)"
             )
         run.ensure_attached(network, initial_step=int(param(state, "global_step", 0) or 0),
                             output_dir=param(args, "output_dir"),
-                            origin="on_train_begin (MindFormers 2.0 trainer)")
+                            origin="on_train_begin (MindFormers 2.x trainer)")
 
     def on_step_begin(self, run: TrainingRun, args: Any = None, state: Any = None, **kwargs: Any) -> None:
         if not run.attached and kwargs.get("model") is not None:
