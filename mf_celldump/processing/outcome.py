@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
+INCOMPLETE = "INCOMPLETE"  # how the problem of a step the capture did not complete begins (report.py counts them)
+
 
 @dataclass
 class StepOutcome:
