@@ -327,7 +327,7 @@ MF2_STANDIN = textwrap.dedent('''
     params = [p for c in chunks for p in c.trainable_params()]
     names_before = [p.name for p in params]
     optimizer = nn.SGD(params, 0.01)
-    args = {"output_dir": sys.argv[1]}
+    args = {"output_dir": "./output_dir_key"}   # 2.x's TrainConfig keeps the key and ignores it
     state = TrainerState(global_step=2, max_steps=5)   # resumed after 2 steps
     kw = dict(model=chunks, optimizer=optimizer, lr_scheduler=None, train_dataset=None, eval_dataset=None)
     cb = CellDumpCallback(steps="2-3", task="tensor", layer_mapping=None)
@@ -362,11 +362,13 @@ def test_mindformers2_callback_protocol_standin(tmp_path, chunks):
     script.write_text(MF2_STANDIN)
     out_dir = tmp_path / "mf2_output"
     proc = subprocess.run([PYTHON, str(script), str(out_dir), str(chunks)], cwd=tmp_path, timeout=300,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, LOCAL_DEFAULT_PATH=str(out_dir)))  # MindFormers' output root
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("SUMMARY"))[8:])
     assert summary["processed"] == [2, 3]  # folders by global step of the resumed run
-    assert summary["path"] == str(out_dir / "celldump")  # args.output_dir + /celldump
+    assert summary["path"] == str(out_dir / "celldump")  # beside MindFormers' own output, not args.output_dir
+    assert not (tmp_path / "output_dir_key").exists()
     dump = out_dir / "celldump"
     prefix = "Cell.proj" if chunks == 1 else "Cell.chunk1.proj"
     assert f"{prefix}.Dense.forward.0" in _entries(dump, 3)

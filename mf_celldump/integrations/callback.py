@@ -58,9 +58,9 @@ class CellDumpCallback(Callback):
         dump_path (str, optional): Folder for the raw capture (``_raw/``) and the processed
             dump (``step{N}/``). One folder holds one run: a folder holding another run's dump
             is refused before training; a resumed run continues its own. Default: ``None``,
-            meaning ``<output_dir>/celldump``, where ``output_dir`` is MindFormers 2.x's
-            trainer argument, else ``$LOCAL_DEFAULT_PATH`` (MindFormers sets it from the run
-            config's ``output_dir``), else ``./output``.
+            meaning ``<output root>/celldump`` beside MindFormers' own output: ``$LOCAL_DEFAULT_PATH``
+            (MindFormers 1.x sets it from the run config's ``output_dir``), else ``./output``.
+            MindFormers 2.x's PyNative trainer ignores a config's ``output_dir``, and so does this.
         task (str, optional): ``"statistics"`` (numbers only) or ``"tensor"`` (every value as
             a ``.npy`` file, plus statistics). Default: ``"statistics"``.
         data_mode (str, optional): ``"forward"``, ``"backward"`` or ``"all"``. Default: ``"all"``.
