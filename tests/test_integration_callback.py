@@ -374,3 +374,37 @@ def test_mindformers2_callback_protocol_standin(tmp_path, chunks):
     assert f"{prefix}.Dense.forward.0" in _entries(dump, 3)
     assert f"{prefix}.Dense.backward.0" in _entries(dump, 2)
     assert not (dump / "step4").exists()
+
+
+def test_a_pipeline_stage_without_the_loss_gives_the_watch_no_loss(tmp_path, caplog):
+    """MindFormers 2.x passes ``loss`` 0.0 (or None) with ``has_last=False`` on a pipeline stage that is not
+    last: those zeros are no loss (none enters the spike history), and the rank says once that its loss is
+    not watched."""
+    import mindspore as ms
+
+    from mf_celldump import CellDumpCallback
+    from tests.support import capture_net as cn
+
+    cn.set_mode("pynative")
+    net = cn.make_net()
+
+    class State:
+        def __init__(self):
+            self.global_step, self.max_steps, self.skipped_steps = 0, 8, 0
+
+    state = State()
+    cb = CellDumpCallback(dump_path=str(tmp_path / "dump"), steps=[0], layer_mapping=None,
+                          watch={"loss_spike": 2.0, "spike_window": 2}, process_on_train_end=False)
+    cb.on_train_begin({}, state, model=[net])
+    with caplog.at_level("WARNING", logger="mf_celldump"):
+        for step, (loss, has_last) in enumerate([(1.0, True), (0.0, False), (0.0, False)]):
+            cb.on_step_begin({}, state, model=[net])
+            net(cn.make_input())
+            state.global_step = step + 1
+            cb.on_step_end({}, state, model=[net], loss=ms.Tensor(loss), grad_norm=1.0, has_last=has_last)
+        history = list(cb._run.watching.watch._losses)
+        cb.on_train_end({}, state)
+    assert history == [1.0], "a stage's 0.0 entered the loss history"
+    assert "pipeline stage without the loss" in caplog.text
+    assert caplog.text.count("pipeline stage without the loss") == 1
+    assert "loss_spike" not in caplog.text and state.max_steps == 8

@@ -23,6 +23,8 @@ wheel, and run here on CPU: ``tests/test_mindformers2_trainer.py``):
   captures the next step and says why.
 * Stop: the loop re-reads ``state.max_steps`` every iteration (``while step < state.max_steps``), so
   a stop sets it to the finished step count at ``on_step_end``.
+* Pipeline: a stage that is not last gets ``loss`` None or 0.0 with ``has_last=False``: no loss
+  signal there (a 0.0 is not a loss).
 * Lifecycle: ``on_begin``/``on_end`` have no call site, and ``on_train_end`` is called after the
   loop's ``try/finally``, not in it: a run that raises never ends the capture here. The raw writer
   still writes every step that ended before the process exits (``rawformat/writer_thread.py``) and
@@ -74,6 +76,7 @@ class MindFormers2Adapter:
 
     def __init__(self):
         self._skipped_steps: Optional[int] = None  # state.skipped_steps after the last step
+        self._no_loss_said = False
 
     def on_train_begin(self, run: TrainingRun, args: Any = None, state: Any = None,
                        model: Optional[Any] = None, **kwargs: Any) -> None:
@@ -101,8 +104,14 @@ class MindFormers2Adapter:
         if skipped is not None:
             overflow = self._skipped_steps is not None and skipped > self._skipped_steps
             self._skipped_steps = skipped
-        signals = StepSignals(loss=number(kwargs.get("loss")), grad_norm=number(kwargs.get("grad_norm")),
-                              overflow=overflow)
+        loss = number(kwargs.get("loss"))
+        if kwargs.get("has_last") is False:  # a pipeline stage that is not last: its loss is None or 0.0
+            loss = None
+            if not self._no_loss_said and run.watching is not None:
+                self._no_loss_said = True
+                logger.warning("mf_celldump watch: this rank is a pipeline stage without the loss (has_last=False): "
+                               "its loss rules are not checked; the gradient norm still is")
+        signals = StepSignals(loss=loss, grad_norm=number(kwargs.get("grad_norm")), overflow=overflow)
         run.end_step(signals if run.watching is not None else None)
         if run.stop_requested:
             stop_training(state)
