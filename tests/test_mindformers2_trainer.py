@@ -93,3 +93,17 @@ def test_a_skipped_update_is_the_watchs_overflow_and_stop_really_stops(tmp_path)
     assert result["last_step"] == 3 and result["max_steps"] == 3 and len(result["losses"]) == 3
     assert "training is asked to stop after step 2" in out
     assert "max_steps set to 3" in out
+
+
+def test_gradient_accumulation_numbers_micro_batches_as_calls_and_sums_weight_gradients(tmp_path):
+    """2.1 accumulates in a Python loop (global batch 4, local batch 2: two micro-batches, each with its own
+    forward and backward): micro-batch k is call k of every cell, forward and backward, as msprobe numbers
+    calls; each weight's ``parameters_grad`` is one entry per step, the sum over the micro-batches (the
+    gradient the optimizer applies)."""
+    result, _, work = _run(tmp_path, "--route", "python", "--steps", "1", "--accumulate", "2", "--dump", "steps=[0]")
+    assert result["processed"] == [0] and not result["problems"]
+    names = _entries(result["dump_path"], 0)
+    fc1 = "Cell.model.decoder.layers.0.mlp.linear_fc1.Linear"
+    assert {f"{fc1}.{d}.{k}" for d in ("forward", "backward") for k in (0, 1)} <= set(names)
+    assert f"{fc1}.forward.2" not in names
+    assert [n for n in names if n.startswith(f"{fc1}.parameters_grad")] == [f"{fc1}.parameters_grad.0"]

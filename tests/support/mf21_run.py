@@ -30,6 +30,7 @@ def _arguments(argv):
     parser.add_argument("--fail-at-step", type=int, default=None)
     parser.add_argument("--nan-at-step", type=int, default=None)
     parser.add_argument("--output-dir-key", action="store_true", help="the config carries output_dir: (2.1 ignores it)")
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (global batch / local)")
     return parser.parse_args(argv)
 
 
@@ -103,6 +104,8 @@ def main(argv=None) -> int:
     from mindformers.pynative.trainer import Trainer
 
     training = {"use_skip_step_on_nan": True} if options.nan_at_step is not None else {}
+    if options.accumulate > 1:
+        training["global_batch_size"] = 2 * options.accumulate  # local batch 2: accumulation in 2.1's Python loop
     config = mf21.tiny_qwen3_config(steps=options.steps, **training)
     if options.output_dir_key:
         config["output_dir"] = "./output_dir_key"
