@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(tmp_path, *args, expect_ok=True):
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(exist_ok=True)
     proc = subprocess.run([sys.executable, "-m", "tests.support.mf21_run", str(work), *args], cwd=REPO,
                           timeout=900, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     assert (proc.returncode == 0) == expect_ok, proc.stdout[-6000:]
@@ -107,3 +107,20 @@ def test_gradient_accumulation_numbers_micro_batches_as_calls_and_sums_weight_gr
     assert {f"{fc1}.{d}.{k}" for d in ("forward", "backward") for k in (0, 1)} <= set(names)
     assert f"{fc1}.forward.2" not in names
     assert [n for n in names if n.startswith(f"{fc1}.parameters_grad")] == [f"{fc1}.parameters_grad.0"]
+
+
+def test_a_resumed_run_continues_the_dump(tmp_path):
+    """2.1 resumes from its checkpoint (``checkpoint.load_path``: ``state.global_step`` restored before
+    ``on_train_begin``): the dump continues the same run in the same folder, numbering by global step."""
+    first, _, work = _run(tmp_path, "--steps", "2", "--checkpoint-every", "2")
+    assert first["processed"] == [0, 1]
+    second, out, _ = _run(tmp_path, "--steps", "4", "--resume")
+    assert second["captured"] == [2, 3] and second["processed"] == [2, 3], out[-4000:]
+    assert "first step 2" in out and "continuing run" in out
+    dump = first["dump_path"]
+    assert second["dump_path"] == dump
+    run_ids = set()
+    for step in range(4):
+        with open(os.path.join(dump, f"step{step}", "rank", fmt.DUMP_JSON), encoding="utf-8") as handle:
+            run_ids.add(json.load(handle)["mf_celldump_run_id"])
+    assert len(run_ids) == 1

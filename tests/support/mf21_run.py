@@ -2,7 +2,8 @@
 ``tests/test_mindformers2_trainer.py``; needs MindFormers 2.1 beside MindSpore 2.10, see ``mf21.py``).
 
 ``python -m tests.support.mf21_run WORKDIR --route python|yaml [--steps N] [--dump KEY=JSON ...]
-[--fail-at-step K] [--nan-at-step K] [--output-dir-key]`` runs in WORKDIR and prints one ``RESULT`` line
+[--fail-at-step K] [--nan-at-step K] [--output-dir-key] [--accumulate N] [--checkpoint-every N] [--resume]``
+runs in WORKDIR and prints one ``RESULT`` line
 (JSON: the callback's summary, the losses and skipped steps the trainer logged, the last global step).
 ``--route yaml`` builds the callback from the run config's ``callbacks:`` (``auto_register``, with
 ``REGISTER_PATH`` set as ``run_mindformer.py --register_path`` does); ``--fail-at-step`` raises in a
@@ -31,6 +32,8 @@ def _arguments(argv):
     parser.add_argument("--nan-at-step", type=int, default=None)
     parser.add_argument("--output-dir-key", action="store_true", help="the config carries output_dir: (2.1 ignores it)")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (global batch / local)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint to ./ckpt every N steps")
+    parser.add_argument("--resume", action="store_true", help="load ./ckpt (2.1 resumes its global_step)")
     return parser.parse_args(argv)
 
 
@@ -109,6 +112,10 @@ def main(argv=None) -> int:
     config = mf21.tiny_qwen3_config(steps=options.steps, **training)
     if options.output_dir_key:
         config["output_dir"] = "./output_dir_key"
+    if options.checkpoint_every or options.resume:
+        config["checkpoint"] = {"enable_save": bool(options.checkpoint_every), "save_path": "./ckpt",
+                                "save_interleaved_steps": options.checkpoint_every or 1,
+                                "load_path": "./ckpt" if options.resume else ""}
     keys = _keys(options.dump)
     events = _Events(options)
     if options.route == "yaml":
