@@ -18,12 +18,11 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 
 import numpy as np
 
-from mf_celldump.config import DEFAULT_STATISTICS
 from mf_celldump.dtypes import mindspore_dtype_name
 from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_TENSOR, SLOT_ARG, SLOT_OUTPUT, ProbeKey
 from mf_celldump.rawformat.manifest import CellRecord, Manifest
 from mf_celldump.rawformat.writer import RawWriter
-from mf_celldump.statistics import compute_statistics
+from mf_celldump.statistics import DEFAULT_STATISTICS, compute_statistics
 
 # (cell id, direction, slot, call): one value of a step, in execution order
 Value = Tuple[int, str, str, int]

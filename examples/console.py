@@ -65,11 +65,11 @@ def step_progress_callback(console: Console, total_steps: int, dump_path: str, s
                            processed: bool = True):
     """A MindSpore callback printing one line (or advancing a tqdm bar) per training step.
 
-    ``selected_steps`` (an ``IndexSelection``, None = every step) says which steps are
-    captured; their processed output appears under ``dump_path`` when the background worker
-    has finished them, so the line says "captured", not where the output is. With
-    ``processed`` False (``process_on_train_end: false``) no step folder is made during the
-    run: the line says the step is raw under ``_raw/``.
+    ``selected_steps`` (an ``IndexSelection``, None = every step; ``steps: anomaly``: the watch
+    picks them while training runs) says which steps are captured; their processed output
+    appears under ``dump_path`` when the background worker has finished them, so the line says
+    "captured", not where the output is. With ``processed`` False (``process_on_train_end:
+    false``) no step folder is made during the run: the line says the step is raw under ``_raw/``.
     """
     from mindspore.train import Callback
 
@@ -81,6 +81,7 @@ def step_progress_callback(console: Console, total_steps: int, dump_path: str, s
             if console.out.isatty():
                 self.bar = tqdm(total=total_steps, unit="step", desc="training", file=console.out, leave=False)
             self.losses: List[float] = []
+            self.last_step = -1  # the last step the run reached (-1: none)
 
         def on_train_step_end(self, run_context):
             params = run_context.original_args()
@@ -90,9 +91,12 @@ def step_progress_callback(console: Console, total_steps: int, dump_path: str, s
                 self.losses.append(loss)
             seconds = time.monotonic() - self.start
             self.start = time.monotonic()
+            self.last_step = max(self.last_step, step)
             captured = selected_steps is None or step in selected_steps
             where = f"step{step}/" if processed else "_raw/ (raw; `mf-celldump process` makes its step folder)"
             dumped = f"captured into {os.path.basename(dump_path)}/{where}" if captured else "not captured"
+            if selected_steps is not None and selected_steps.on_anomaly:
+                dumped = "watched (a step is captured when a watch rule fires)"
             loss_text = "-" if loss is None else f"{loss:.4f}"
             console.say(f"step {step}: loss {loss_text}, {seconds:.1f} s, {dumped}")
             if self.bar is not None:

@@ -24,6 +24,7 @@ import argparse
 import glob
 import json
 import os
+import shlex
 import shutil
 import sys
 from typing import List, Optional
@@ -119,11 +120,13 @@ def _celldump_entry(config) -> dict:
 
 
 def _selected_steps(config):
-    """The steps the CellDumpCallback entry selects (None: every step)."""
-    from mf_celldump.config import IndexSelection
+    """The steps the CellDumpCallback entry selects (None: every step), read as the callback reads the
+    entry, so every value the callback takes is taken here (``anomaly`` selects none before training)."""
+    from mf_celldump.config import DumpConfig
 
-    steps = _celldump_entry(config).get("steps")
-    return None if steps is None else IndexSelection.parse(steps, "steps")
+    keys = {k: v for k, v in _celldump_entry(config).items() if k not in ("type", "auto_register")}
+    steps = DumpConfig.from_dict(keys, source="CellDumpCallback").steps
+    return None if steps.spans is None else steps
 
 
 def load_config(args: argparse.Namespace):
@@ -257,7 +260,8 @@ def describe_dump(dump_path: str, rank: Optional[int] = None) -> str:
                      f"backward, and weight gradients), {tensors} tensors ({where}), {values} non-tensor "
                      f"value{'' if values == 1 else 's'}")
     raw = os.path.join(dump_path, "_raw")
-    leftovers = sorted(os.path.relpath(p, dump_path) for p in glob.glob(os.path.join(raw, "rank*", "step*")))
+    mine = "rank*" if rank is None else f"rank{rank}"  # another rank's step may still be processing
+    leftovers = sorted(os.path.relpath(p, dump_path) for p in glob.glob(os.path.join(raw, mine, "step*")))
     if leftovers:
         lines.append(f"  unprocessed raw steps: {', '.join(leftovers)} (`mf-celldump process {dump_path}`)")
     return "\n".join(lines)
@@ -307,30 +311,120 @@ def _announce(console, config, args, dump_path: str) -> None:
     console.say(f"dump folder: {dump_path}")
 
 
-def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[BaseException]) -> None:
+def _closing(console, dump_path: str, rank: Optional[int], failed: Optional[BaseException],
+             end_note: Optional[str] = None, second_run: Optional[List[str]] = None) -> None:
+    """The closing lines: what failed, what is in the dump, then one hint. ``end_note`` (``ending_note``: the
+    selected steps the run never reached, or no watch rule fired) is the last line, and then no hint at
+    ``process``, which cannot make those steps."""
     if failed is not None:
         console.say(f"training FAILED: {type(failed).__name__}: {failed}")
+        if type(failed).__name__ == "DumpInUseError":
+            console.say(_rerun_refused(dump_path, "or output_dir" not in str(failed)))
         if console.log_path:
             console.say(f"(its traceback, and MindFormers' own output, are in {console.log_path})")
     console.say(describe_dump(dump_path, rank))
-    if failed is None and rank is None:
-        console.say(_compare_hint(dump_path))
+    processed = _processed_steps(dump_path)
+    if failed is None and rank is None and (processed or end_note is None):
+        console.say(_compare_hint(dump_path, second_run))
+    if end_note:
+        console.say(end_note)
 
 
-def _compare_hint(dump_path: str) -> str:
-    """How to compare this dump with the command installed with it, naming a step folder that exists (or how
-    to make one first); msprobe's own command is offered only where it is installed."""
-    steps = sorted((folder for folder in glob.glob(os.path.join(dump_path, "step*"))
-                    if glob.glob(os.path.join(folder, "rank*", "dump.json"))),
-                   key=lambda folder: _step_rank_key(os.path.join(folder, "rank")))
+def _rerun_refused(dump_path: str, dump_path_set: bool) -> str:
+    """The way out of a second run into the folder of a first, in this example's own flags (``dump_path_set``:
+    the entry names the folder, so another --output-dir would not move it)."""
+    flag = "--dump dump_path=DIR" if dump_path_set else "--output-dir (or --dump dump_path=DIR)"
+    return (f"  {dump_path} holds an earlier run's dump, and a second run never mixes with it: give another "
+            f"{flag}, or delete that folder first")
+
+
+def _processed_steps(dump_path: str) -> List[str]:
+    """The step folders of ``dump_path`` that hold a processed rank folder, in step order."""
+    return sorted((folder for folder in glob.glob(os.path.join(dump_path, "step*"))
+                   if glob.glob(os.path.join(folder, "rank*", "dump.json"))),
+                  key=lambda folder: _step_rank_key(os.path.join(folder, "rank")))
+
+
+def celldump_command() -> str:
+    """The ``mf-celldump`` command as it runs in the user's shell once this one's PATH is gone: the script
+    installed beside this Python, by its absolute path, else this Python's ``-m mf_celldump``."""
+    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "mf-celldump")
+    if os.access(script, os.X_OK):
+        return shlex.quote(script)
+    return f"{shlex.quote(sys.executable)} -m mf_celldump"
+
+
+def second_run_arguments(argv: List[str], output_dir: str, seed: int, dump_path: Optional[str]) -> List[str]:
+    """This run's arguments for a second run that differs by its seed (so its initial weights differ), into
+    folders of its own: ``--output-dir`` gets a suffix, and so does ``dump_path`` where the entry sets one."""
+    suffix = f"-seed{seed + 1}"
+    out: List[str] = []
+    skip = False
+    for i, item in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if item == "--output-dir" or item.startswith("--output-dir="):
+            skip = item == "--output-dir"
+            continue
+        follows = argv[i - 1] if i > 0 else ""
+        if (follows == "--set" and item.startswith("seed=")) or (follows == "--dump" and item.startswith("dump_path=")):
+            out.pop()
+            continue
+        out.append(item)
+    out += ["--output-dir", output_dir.rstrip(os.sep) + suffix, "--set", f"seed={seed + 1}"]
+    return out + (["--dump", f"dump_path={dump_path}{suffix}"] if dump_path else [])
+
+
+def _compare_hint(dump_path: str, second_run: Optional[List[str]] = None) -> str:
+    """How to compare this dump with another run's, every step both hold, by a command that runs as printed
+    in the user's shell; with ``second_run`` (this script's arguments for a run that differs) how to make
+    that run first. msprobe's own command is offered only where it is installed."""
+    steps = _processed_steps(dump_path)
+    tool = celldump_command()
     if not steps:
-        return (f"nothing processed yet: `mf-celldump process {dump_path}` makes the step folders; then compare "
-                "two runs with mf-celldump compare <dump>/step{N} <other run's dump>/step{N} -o compare_out")
-    step = os.path.basename(steps[0])
-    hint = f"compare two runs: mf-celldump compare {dump_path}/{step} <other run's dump>/{step} -o compare_out"
+        return (f"nothing processed yet: `{tool} process {dump_path}` makes the step folders; then compare "
+                f"two runs with {tool} compare <other run's dump> {dump_path} -o compare_out")
+    if second_run is None:
+        hint = f"compare two runs (every step): {tool} compare <other run's dump> {dump_path} -o compare_out"
+    else:
+        script = " ".join(shlex.quote(a) for a in [sys.executable, os.path.abspath(__file__)] + second_run)
+        other = _dump_path_of_arguments(second_run)
+        hint = ("compare two runs, every step: make a second one that differs (another seed: other initial "
+                f"weights), then compare the two dumps:\n  {script}\n  {tool} compare {shlex.quote(other)} "
+                f"{shlex.quote(dump_path)} -o compare_out")
     if shutil.which("msprobe"):
-        hint += f"\n  (or msprobe compare -tp {dump_path}/{step} -gp <other run's dump>/{step} -o compare_out)"
+        step = os.path.basename(steps[0])
+        hint += (f"\n  (or msprobe's, one step at a time: msprobe compare -tp <other run's dump>/{step} "
+                 f"-gp {dump_path}/{step} -o compare_out)")
     return hint
+
+
+def _dump_path_of_arguments(argv: List[str]) -> str:
+    """The dump folder a run with these arguments writes (``--dump dump_path=`` or ``<--output-dir>/celldump``)."""
+    args = parse_args(argv)
+    for item in args.dump:
+        key, _, value = item.partition("=")
+        if key.strip() == "dump_path" and value:
+            return os.path.abspath(str(yaml.safe_load(value)))
+    return os.path.join(os.path.abspath(args.output_dir), "celldump")
+
+
+def ending_note(selected, progress, dump_path: str) -> Optional[str]:
+    """What a run that ended normally did not capture, and why: selected steps after the last step it reached,
+    or, with ``steps: anomaly``, no rule that fired (None when neither)."""
+    if selected is None or progress is None:
+        return None
+    if selected.on_anomaly:
+        if any(glob.glob(os.path.join(dump_path, *parts)) for parts in (("step*", "rank*"), ("_raw", "*", "step*"))):
+            return None
+        return "steps=anomaly: no watch rule fired, so no step was captured (the rules: docs/watch.md)"
+    unreached = selected.from_value(progress.last_step + 1, 6)
+    if not unreached:
+        return None
+    shown = ",".join(str(step) for step in unreached[:5]) + (",..." if len(unreached) > 5 else "")
+    return (f"selected step{'s' if len(unreached) > 1 else ''} {shown} never reached: the run ended after step "
+            f"{progress.last_step} (more --steps or --epochs reach {'them' if len(unreached) > 1 else 'it'})")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -347,16 +441,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         Console.to_log(os.path.join(output_dir, "run_tiny_llama.log"))
     failed: Optional[BaseException] = None
     dump_path: Optional[str] = None
+    selected, progress, second_run = None, None, None
     try:
         use_register_path()
         config = load_config(args)
         dump_path = dump_path_of(config)
         _announce(console, config, args, dump_path)
+        entry = _celldump_entry(config)
+        own_dump_path = dump_path if entry.get("dump_path") else None
+        second_run = second_run_arguments(sys.argv[1:] if argv is None else list(argv), output_dir,
+                                          int(config.get("seed", 0) or 0), own_dump_path)
         selected = _selected_steps(config)  # before python_callbacks() takes the entry out of the config
-        processed = _celldump_entry(config).get("process_on_train_end", True) is not False
+        processed = entry.get("process_on_train_end", True) is not False
         callbacks = python_callbacks(config) if args.python_callback else []
         total = args.steps * int(config.runner_config.epochs or 1)
-        callbacks.append(step_progress_callback(console, total, dump_path, selected, processed))
+        progress = step_progress_callback(console, total, dump_path, selected, processed)
+        callbacks.append(progress)
         train(config, args.steps, callbacks)
     except Exception as err:  # reported below; --verbose shows the traceback
         failed = err
@@ -368,7 +468,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         console.restore()
         if os.environ.get("MS_ROLE") != "MS_SCHED" and dump_path is not None:
-            _closing(console, dump_path, _world()[0] if args.parallel else None, failed)
+            _closing(console, dump_path, _world()[0] if args.parallel else None, failed,
+                     ending_note(selected, progress, dump_path) if failed is None else None, second_run)
     return 1 if failed is not None else 0
 
 

@@ -21,6 +21,8 @@ import numpy as np
 STAT_KEYS = {"max": "Max", "min": "Min", "mean": "Mean", "norm": "Norm", "md5": "md5",
              "nan_count": "nan_count", "inf_count": "inf_count"}
 STATISTICS = tuple(STAT_KEYS)  # the names the configuration accepts (config.py)
+DEFAULT_STATISTICS = ("max", "min", "mean", "norm")  # what a statistics dump records unless told
+TASKS = ("tensor", "statistics")  # what a capture writes of a value: the tensor, or its statistics
 REDUCTIONS = ("max", "min", "mean", "norm")  # the ones computed by reducing the data
 # numpy dtype kinds whose statistics we report: bool, signed, unsigned, float
 SUPPORTED_KINDS = "biuf"

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Deque, Dict, List, Mapping, Optional
 
-from mf_celldump.errors import ConfigError
+from mf_celldump.errors import ConfigError, short_repr
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +68,16 @@ class WatchRules:
         if value is True:
             return cls()
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: invalid value {_short(value)}; valid: true, false, or a mapping of rules "
+            raise ConfigError(f"{key}: invalid value {short_repr(value)}; valid: true, false, or a mapping of rules "
                               f"with keys {', '.join(cls.names())}")
         unknown = [k for k in value if k not in cls.names()]
         if unknown:
-            raise ConfigError(f"{key}: unknown rule {_short(unknown[0])}; valid keys: {', '.join(cls.names())}")
+            raise ConfigError(f"{key}: unknown rule {short_repr(unknown[0])}; valid keys: {', '.join(cls.names())}")
         kwargs: Dict[str, Any] = {}
         for name in _FLAGS:
             if name in value:
                 if not isinstance(value[name], bool):
-                    raise ConfigError(f"{key}.{name}: invalid value {_short(value[name])}; valid: true or false")
+                    raise ConfigError(f"{key}.{name}: invalid value {short_repr(value[name])}; valid: true or false")
                 kwargs[name] = value[name]
         for name, default in _FACTORS.items():
             if name in value:
@@ -85,8 +85,8 @@ class WatchRules:
         if "spike_window" in value:
             window = value["spike_window"]
             if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
-                raise ConfigError(f"{key}.spike_window: invalid value {_short(window)}; valid: an integer from 1 to "
-                                  f"{MAX_WINDOW} (the earlier steps a spike is measured against)")
+                raise ConfigError(f"{key}.spike_window: invalid value {short_repr(window)}; valid: an integer from 1 "
+                                  f"to {MAX_WINDOW} (the earlier steps a spike is measured against)")
             kwargs["spike_window"] = window
         rules = cls(**kwargs)
         if not rules.active_rules():
@@ -105,13 +105,8 @@ def _factor(key: str, value: Any, default: float) -> Optional[float]:
         return default
     if isinstance(value, (int, float)) and math.isfinite(value) and value > 1:
         return float(value)
-    raise ConfigError(f"{key}: invalid value {_short(value)}; valid: a factor > 1 over the median of the window "
+    raise ConfigError(f"{key}: invalid value {short_repr(value)}; valid: a factor > 1 over the median of the window "
                       f"(true for {default:g}), or false for no spike rule")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)

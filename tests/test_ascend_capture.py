@@ -22,10 +22,10 @@ import mf_celldump
 from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP
 from mf_celldump.capture.backends.kbk_settings import iteration_setting
 from mf_celldump.capture.backends.tensordump_steps import GraphStepMap
-from mf_celldump.capture.session import AttachError
-from mf_celldump.config import IndexSelection
+from mf_celldump.errors import AttachError
 from mf_celldump.processing.async_steps import wait_for_steps
 from mf_celldump.processing.driver import process_dump
+from mf_celldump.userinput import IndexSelection
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
 from tests.support.ascend_emulation import AscendEmulator

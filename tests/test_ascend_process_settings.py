@@ -23,7 +23,7 @@ from mindspore import JitConfig, nn, ops
 
 import mf_celldump
 from mf_celldump.capture.backends.compile_backend import compile_backend
-from mf_celldump.capture.session import AttachError
+from mf_celldump.errors import AttachError
 from mf_celldump.integrations.run import TrainingRun
 from tests.support import capture_net as cn
 from tests.support.ascend_emulation import AscendEmulator, DeviceSettings

@@ -11,8 +11,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from mf_celldump.errors import ManifestError
 from mf_celldump.processing.driver import process_dump
-from mf_celldump.processing.errors import ManifestError
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import REPO, A, F, build_dump, lie_about_shape, limited_python, raw_files, run_cli
 from tests.support.rawdump_builder import RawDumpBuilder, kbk_rows
@@ -134,6 +134,20 @@ def test_index_paths_that_would_need_millions_of_gaps_are_refused(tmp_path):
     proc = limited_python(code, limit_mb=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "empty positions" in proc.stdout and "out of memory" not in proc.stdout
+
+
+def test_a_slot_named_both_a_tensor_and_a_list_is_refused_by_name_and_its_raw_files_kept(tmp_path):
+    """p0 beside p0.0 in one call's inputs: nesting would drop the real tensor from dump.json while its
+    .npy is written; the entry is refused instead, naming both files, and the step's raw data is kept."""
+    builder = build_dump(str(tmp_path / "dump"), steps=1)
+    step_dir = os.path.join(builder.rank_dir, "step0")
+    _save_raw(builder, 0, "c0.f.a.t.nx.p0.0_float32_80.npy", np.ones(2, np.float32))
+    before = sorted(os.listdir(step_dir))
+    report = process_dump(builder.dump_path, jobs=1)
+    problems = " ".join(report.all_problems)
+    assert not report.ok and "is both a tensor (c0.f.a.t.nx.p0_float32_0.npy) and a list " \
+        "(c0.f.a.t.nx.p0.0_float32_80.npy)" in problems, report.all_problems
+    assert sorted(os.listdir(step_dir)) == before, "every raw file kept"
 
 
 RECORD_LINES = {

@@ -17,7 +17,8 @@ from mindspore import Tensor, nn
 
 import mf_celldump
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
-from mf_celldump.capture.session import AttachError, find_attached
+from mf_celldump.capture.session import find_attached
+from mf_celldump.errors import AttachError
 from tests.support import capture_net as cn
 from tests.support import formats as fmt
 from tests.support.rawread import raw_steps, read_manifest, read_step

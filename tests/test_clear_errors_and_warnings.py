@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import mf_celldump
-from mf_celldump.config import ConfigError, DumpConfig
-from mf_celldump.mapping import MappingError
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import ConfigError, MappingError
 from mf_celldump.processing.driver import process_dump
 from tests.support import capture_net as cn
 from tests.support import formats as fmt

@@ -77,17 +77,18 @@ def test_graph_against_pynative_flags_nothing(tmp_path, capsys):
 # here as a bfloat16 model computes: float32 accumulation, every cell's output rounded to bfloat16.
 
 
-def _bf16(values):
+def _bf16_rounded(values):
     """Round float32 to the nearest bfloat16 (ties to even), kept in float32 as dumps store it."""
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
     return rounded.astype(np.uint32).view(np.float32)
 
 
-def _bf16_run(parts, scaled_layer=None):
+def _bf16_run(parts, scaled_layer=None, rounding=None):
     """Four Dense + Tanh layers on 32 tokens of 64 features; each matmul adds its inputs in ``parts`` partial
     sums (another tensor-parallel size or batch split: another order), ``scaled_layer`` has one row of its
     weight scaled by 1.5."""
+    _bf16 = rounding or _bf16_rounded
     rng = np.random.default_rng(21)
     x = _bf16(rng.normal(size=(32, 64)))
     entries = {}
@@ -120,3 +121,86 @@ def test_bfloat16_runs_whose_reduction_order_differs_flag_nothing_and_a_fault_is
     write_dump(str(tmp_path / "fault"), _bf16_run(2, scaled_layer=2))
     code, result = compare(capsys, tmp_path / "fault", tmp_path / "one", tmp_path / "out-fault")
     assert code == 1 and result["first_divergence"]["cell"] == "layers.2.fc", result["headline"]
+
+
+# -- a run that computes a branch in float16, against one that computes it in float32 ------------------
+
+
+def _capture_low_precision(path, fp_dtype=None):
+    """tests/support/low_precision_net.py (a bfloat16 and a float16 branch), one step in PyNative; ``fp_dtype``
+    replaces the float16 branch's dtype."""
+    import mindspore as ms
+    from mindspore import nn
+
+    import mf_celldump
+    from tests.support import low_precision_net as lp
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    net = lp.make_net()
+    if fp_dtype is not None:
+        for up in (net.fp.up1, net.fp.up2, net.fp.up3, net.fp.up4):
+            up.dtype = getattr(ms, fp_dtype)
+    train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.0))
+    dump = mf_celldump.attach(train, {"dump_path": str(path), "task": "tensor", "process_on_train_end": False})
+    with dump.step(0):
+        train(lp.make_input())
+    dump.detach()
+    assert mf_celldump.process_captured(dump).ok
+    return path
+
+
+def test_a_dtype_change_is_said_first_and_later_values_get_the_narrower_dtypes_noise(tmp_path, capsys):
+    half = _capture_low_precision(tmp_path / "half")
+    again = _capture_low_precision(tmp_path / "again")
+    single = _capture_low_precision(tmp_path / "single", "float32")
+    code, null = compare(capsys, again, half, tmp_path / "out-null")
+    assert code == 0 and null["dtype_change"] is None, null["headline"]
+    code, result = compare(capsys, single, half, tmp_path / "out")
+    change = result["dtype_change"]
+    assert (change["entry"], change["slot"], change["dtype"], change["baseline_dtype"]) == (
+        "Cell.fp.up1.Up.forward.0", "output.0", "float32", "float16"), change
+    with open(null["csv"], newline="") as handle:
+        null_bounds = {(r["entry"], r["slot"]): float(r["noise_bound"]) for r in csv.DictReader(handle)}
+    with open(result["csv"], newline="") as handle:
+        rows = {(r["entry"], r["slot"]): r for r in csv.DictReader(handle)}
+    after = rows[("Cell.fp.down.Down.forward.0", "output.0")]  # float32 on both sides, computed from float16
+    assert after["dtype"] == after["baseline_dtype"] == "float32"
+    assert float(after["noise_bound"]) > 100 * null_bounds[("Cell.fp.down.Down.forward.0", "output.0")]
+    celldump_main(["compare", str(single), str(half), "-o", str(tmp_path / "out-text")])
+    text = capsys.readouterr().out
+    assert "DTYPE CHANGES first at Cell.fp.up1.Up.forward.0 output.0" in text, text
+    verdict = [line for line in text.splitlines() if line.startswith(("FIRST DIVERGENCE", "no divergence", "DTYPE"))]
+    assert verdict[0].startswith("DTYPE CHANGES"), verdict
+    assert code == 0 or result["headline"].startswith("DTYPE CHANGES first at"), result["headline"]  # JSON, page
+    assert text.count("DTYPE CHANGES first at") == 1, text
+
+
+def _f32_run(parts, scaled_layer=None):
+    """``_bf16_run`` computed and kept in float32: another reduction order moves the last bits of every value."""
+    entries = _bf16_run(parts, scaled_layer, rounding=lambda values: np.asarray(values, np.float32))
+    for spec in entries.values():
+        spec["records"] = {slot: {"dtype": "Float32"} for slot in spec["records"]}
+    return entries
+
+
+def test_statistics_name_the_tensor_dumps_first_divergence_and_list_what_they_cannot_decide(tmp_path, capsys):
+    """Runs as above in float32: a statistics dump of another reduction order is within thresholds and lists the
+    pairs whose statistics differ within their bound; a statistics dump of the fault names the cell the tensor
+    dump names."""
+    from tests.support.compare_dumps import write_dump
+
+    write_dump(str(tmp_path / "one"), _f32_run(1))
+    write_dump(str(tmp_path / "two"), _f32_run(3), task="statistics")
+    code, result = compare(capsys, tmp_path / "two", tmp_path / "one", tmp_path / "out-two")
+    assert code == 0 and result["first_divergence"] is None, result["headline"]
+    undecided = result["statistics_undecided"]
+    assert undecided and undecided["count"] >= 1 and len(undecided["first"]) <= 5, undecided
+    celldump_main(["compare", str(tmp_path / "two"), str(tmp_path / "one"), "-o", str(tmp_path / "out-text")])
+    assert f"statistics cannot decide {undecided['count']} pairs in all" in capsys.readouterr().out
+    write_dump(str(tmp_path / "fault-tensor"), _f32_run(3, scaled_layer=2))
+    write_dump(str(tmp_path / "fault-stats"), _f32_run(3, scaled_layer=2), task="statistics")
+    named = []
+    for fault in ("fault-tensor", "fault-stats"):
+        code, result = compare(capsys, tmp_path / fault, tmp_path / "one", tmp_path / f"out-{fault}")
+        named.append((code, result["first_divergence"]["cell"]))
+    assert named == [(1, "layers.2.fc"), (1, "layers.2.fc")], named

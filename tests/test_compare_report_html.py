@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pytest
 
-from mf_celldump.analysis.compare.html_report import render_html
+from mf_celldump.analysis.compare.html_report import page_chunks
 from mf_celldump.cli import main as celldump_main
 from tests.support.chromium import Browser, needs_chromium
 from tests.support.compare_dumps import chain, write_dump
@@ -46,7 +46,7 @@ def test_the_page_is_self_contained(report):
 
 
 def test_a_name_from_a_dump_cannot_end_the_data_block():
-    page = render_html({"name": "</script><script>alert(1)</script><!--"})
+    page = "".join(page_chunks({"name": "</script><script>alert(1)</script><!--"}))
     block = page.split('<script id="report-data" type="application/json">', 1)[1]
     assert block.index("</script>") > block.index("alert")  # the first </script> is the block's own end
     assert json.loads(block.split("</script>", 1)[0]) == {"name": "</script><script>alert(1)</script><!--"}
@@ -116,3 +116,45 @@ def test_heat_map_charts_and_a_screenshot_that_is_not_blank(page):
     assert pixels.shape[0] > 500 and pixels.shape[1] > 500
     colours = np.unique(pixels.reshape(-1, pixels.shape[-1]).round(2), axis=0)
     assert len(colours) > 50 and float(pixels[..., :3].std()) > 0.05
+
+
+def _long_names(entries, prefix="model.a_rather_long_module_name.layers"):
+    """The chain with long cell names (the depth groups, hence the chart's x-axis labels, get long)."""
+    return {name.replace("Cell.block", f"Cell.{prefix}"): spec for name, spec in entries.items()}
+
+
+@pytest.fixture(scope="module")
+def long_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("html_long")
+    write_dump(str(root / "base"), _long_names(chain(1.0)))
+    write_dump(str(root / "run"), _long_names(chain(1.5)))
+    assert celldump_main(["compare", str(root / "run"), str(root / "base"), "-o", str(root / "out")]) == 1
+    return str(root / "out" / "report.html")
+
+
+CLIPPED_LABELS = """(function () { var out = [];
+  document.querySelectorAll('svg.chart').forEach(function (s) { var box = s.getBoundingClientRect();
+    s.querySelectorAll('text.xlabel').forEach(function (t) { var r = t.getBoundingClientRect();
+      if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.bottom > box.bottom + 0.5) {
+        out.push(t.textContent); } });
+  }); return out; })()"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("which", ["report", "long_report"])
+def test_at_1280_px_labels_fit_the_status_shows_and_the_first_divergence_leads_the_table(request, which):
+    """A 1280 px wide window: no x-axis label is cut off at the chart's edges, the pairs table's status
+    column is within the window without scrolling sideways, and its first rows are the first divergence's."""
+    with Browser() as browser:
+        page = browser.open("file://" + request.getfixturevalue(which), width=1280, height=1000)
+        assert page.errors == []
+        assert page.evaluate("document.querySelectorAll('svg.chart text.xlabel').length") > 0
+        assert page.evaluate(CLIPPED_LABELS) == []
+        right, visible = page.evaluate(
+            "(function () { var th = Array.from(document.querySelectorAll('#pairs-head th')).find("
+            "function (t) { return t.textContent === 'status'; }); return [th.getBoundingClientRect().right, "
+            "document.querySelector('.tablewrap').getBoundingClientRect().right]; })()")
+        assert right <= min(visible, 1280), (right, visible)
+        first = page.evaluate("document.querySelector('#pairs-body tr').textContent")
+        name = page.evaluate("JSON.parse(document.getElementById('report-data').textContent).first.name")
+        assert name in first and "diverged" in first, (name, first)

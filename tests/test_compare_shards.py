@@ -15,8 +15,9 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 import pytest
 
-from mf_celldump.analysis.compare.shard_merge import Group, GroupMerger, MergeNotes, ShardError, plan
+from mf_celldump.analysis.compare.shard_merge import Group, GroupMerger, MergeNotes, plan
 from mf_celldump.cli import main as cli_main
+from mf_celldump.errors import ShardError
 from mf_celldump.layout.reader import DumpJson, RankDump
 from mf_celldump.statistics import compute_statistics
 
@@ -125,13 +126,15 @@ def test_plans_of_the_rules():
 
 
 # -- a Megatron-style PyTorch dump --------------------------------------------------------------
-def megatron_rank(folder, rank, tp):
+def megatron_rank(folder, rank, tp, fc1_scale=1.0):
     """linear_fc1 (ColumnParallelLinear) then linear_fc2 (RowParallelLinear, reduced inside) as msprobe's
-    PyTorch dump records them: ``Module.*`` names, ``.pt`` tensors, backward with ``input``."""
+    PyTorch dump records them: ``Module.*`` names, ``.pt`` tensors, backward with ``input``; ``fc1_scale``
+    multiplies linear_fc1's whole weight."""
     cols, rows = 6 // tp, 6 // tp
-    w1 = W[rank * cols:(rank + 1) * cols]
+    w = W * fc1_scale
+    w1 = w[rank * cols:(rank + 1) * cols]
     w2 = W2[:, rank * rows:(rank + 1) * rows]
-    hidden = X @ W.T
+    hidden = X @ w.T
     out = hidden @ W2.T  # reduced: the same on every rank
     arrays, entries = {}, {}
 
@@ -179,3 +182,44 @@ def test_megatron_dump_at_tp2_against_its_tp1_run(tmp_path):
 def test_tensor_parallel_sizes_must_be_positive(tmp_path):
     code, _, err = run_cli(tmp_path, tmp_path, "--target-tp", "0", "-o", tmp_path / "out")
     assert code == 2 and "--target-tp 0" in err
+
+
+def test_a_tensor_parallel_compare_lists_each_dump_roots_folders_once(tmp_path, monkeypatch):
+    """Sizes, rules, merging, inference, the comparison and the rank attribution all work from one listing of
+    each side's rank folders."""
+    pytest.importorskip("torch")
+    from mf_celldump.layout import reader
+
+    for rank in (0, 1):
+        megatron_rank(str(tmp_path / "tp2" / "step0" / f"rank{rank}"), rank, 2)
+    megatron_rank(str(tmp_path / "tp1" / "step0" / "rank"), 0, 1)
+    listed = []
+    real = reader._rank_folders
+    monkeypatch.setattr(reader, "_rank_folders", lambda folder: listed.append(os.path.abspath(folder)) or real(folder))
+    code, result, err = run_cli(tmp_path / "tp2", tmp_path / "tp1", "--target-tp", "2", "-o", tmp_path / "out")
+    assert code == 0, err
+    roots = [path for path in listed if os.path.basename(path) in ("tp1", "tp2")]
+    assert sorted(roots) == [str(tmp_path / "tp1"), str(tmp_path / "tp2")], listed
+
+
+def test_a_divergence_in_every_ranks_part_names_every_launched_rank(tmp_path):
+    """The baseline's linear_fc1 weight scaled as a whole: both ranks' parts diverge, so the first divergence
+    names ranks 0 and 1 (``rank`` the first, ``ranks`` both), its merged group apart."""
+    pytest.importorskip("torch")
+    for rank in (0, 1):
+        megatron_rank(str(tmp_path / "tp2" / "step0" / f"rank{rank}"), rank, 2)
+    megatron_rank(str(tmp_path / "tp1" / "step0" / "rank"), 0, 1, fc1_scale=1.1)
+    code, result, err = run_cli(tmp_path / "tp2", tmp_path / "tp1", "--target-tp", "2", "-o", tmp_path / "out")
+    assert code == 1, err
+    first = result["first_divergence"]
+    assert first["cell"] == "decoder.layers.0.mlp.linear_fc1" and result["shards"]["attribution"]["ranks"] == [0, 1]
+    assert (first["rank"], first["ranks"], first["group"], first["folder"]) == (0, [0, 1], 0, "step0/rank0")
+    assert "(forward, step 0 ranks 0, 1): " in result["headline"], result["headline"]
+    assert [unit["ranks"] for unit in result["units"]] == [[0, 1]]
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        cli_main(["compare", str(tmp_path / "tp2"), str(tmp_path / "tp1"), "--target-tp", "2", "-o",
+                  str(tmp_path / "text")])
+    lines = out.getvalue().splitlines()
+    assert result["headline"] in lines and "FIRST DIVERGENCE ON RANK(S) 0, 1 of [0, 1]: " in out.getvalue()
+    assert any(line.startswith("step 0 ranks 0, 1 merged (step0/rank0): ") for line in lines), lines

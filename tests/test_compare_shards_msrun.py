@@ -25,6 +25,7 @@ from mf_celldump.analysis.compare.shards import RuleBook
 from mf_celldump.layout.reader import DumpJson, find_rank_dumps
 from mf_celldump.mapping import resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
+from tests.support.chromium import Browser, find_chromium
 from tests.support.msprobe_cli import run_msprobe
 from tests.support.msrun import MSRUN, msrun_env, run_job
 
@@ -95,6 +96,30 @@ def test_column_parallel_weight_perturbed_on_rank1_names_the_cell_and_rank1(runs
     evidence = {e["slot"]: e for e in found["evidence"]}
     assert evidence["output.0"]["diverged"] == [1] and evidence["output.0"]["within"] == [0]
     assert evidence["param.weight"]["diverged"] == [1]
+    _one_answer_for_the_rank(result, rank=1, group=0, folder="step1/rank0")
+
+
+def _page_data(html_path):
+    with open(html_path, encoding="utf-8") as handle:
+        page = handle.read()
+    return json.loads(page.split('<script id="report-data" type="application/json">', 1)[1].split("</script>", 1)[0])
+
+
+def _one_answer_for_the_rank(result, rank, group, folder):
+    """The rank the user launched, named alike by the JSON, the headline, the attribution and report.html; the
+    merged group's index and rank folder apart."""
+    first = result["first_divergence"]
+    assert (first["rank"], first["ranks"], first["group"], first["folder"]) == (rank, [rank], group, folder)
+    assert result["shards"]["attribution"]["ranks"] == [rank]
+    assert f" rank {rank}): " in result["headline"], result["headline"]
+    page = _page_data(result["html"])
+    assert page["headline"] == result["headline"]
+    assert (page["first"]["rank"], page["first"]["group"], page["first"]["rank_text"]) == (rank, group, f"rank {rank}")
+    if find_chromium():
+        with Browser() as browser:
+            drawn = browser.open("file://" + result["html"])
+            assert result["headline"] in drawn.evaluate("document.getElementById('verdict').textContent")
+            assert f", rank {rank}, {folder})" in drawn.evaluate("document.getElementById('first-text').textContent")
 
 
 def test_row_parallel_weight_perturbed_on_rank1_is_found_through_its_weight(runs, tmp_path):
@@ -105,6 +130,7 @@ def test_row_parallel_weight_perturbed_on_rank1_is_found_through_its_weight(runs
     assert (found["cell"], found["rule"], found["ranks"]) == ("attention.proj", "row", [1])
     # its output is the sum of both ranks' parts: only the weight tells the ranks apart
     assert [e["slot"] for e in found["evidence"] if e["diverged"]] == ["param.weight"]
+    _one_answer_for_the_rank(result, rank=1, group=0, folder="step2/rank0")
 
 
 def test_sharded_baseline_and_both_sides_sharded_compare_clean(runs, tmp_path):

@@ -9,6 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from mf_celldump import errors
 from mf_celldump.analysis.compare import metrics, thresholds, transforms
 from mf_celldump.analysis.compare.pairing import map_slot
 from mf_celldump.cli import main as celldump_main
@@ -106,7 +107,7 @@ def test_qkv_split_per_query_group_and_chunks():
             fused, want.shape, parse_rules((("split", f"qkv:{part}"),)), True, False, groups
         )
         np.testing.assert_array_equal(got, want)
-    with pytest.raises(transforms.NotComparable, match="--qkv-groups"):
+    with pytest.raises(errors.NotComparable, match="--qkv-groups"):
         transforms.to_target(fused, q.shape, rules, True, False, None)
     gate_up = np.concatenate([q, q * 2], axis=-1)
     silu = parse_rules((("split", "chunk:0/2"), ("act", "silu")))
@@ -121,7 +122,7 @@ def test_layout_swap_reshape_and_mismatch():
     )
     flat = transforms.to_target(sbh, (32, 8), rules, False, False)
     np.testing.assert_array_equal(flat, sbh.swapaxes(0, 1).reshape(32, 8))
-    with pytest.raises(transforms.NotComparable, match="shape"):
+    with pytest.raises(errors.NotComparable, match="shape"):
         transforms.to_target(sbh, (2, 16, 4), rules, False, False)
     assert transforms.describe(CompareRules(layout="sbh", split=Split("chunk", "1", 2)), True, True) == (
         "sbh->bsh, split chunk:1/2"
@@ -242,18 +243,18 @@ def test_tensor_files_must_be_plain_files_inside_the_dump(tmp_path, capsys):
     data_dir = os.path.join(folder, "dump_tensor_data")
     outside = tmp_path / "outside.npy"
     np.save(outside, np.zeros(3))
-    with pytest.raises(tensors.TensorFileError, match="not a plain file name"):
+    with pytest.raises(errors.TensorFileError, match="not a plain file name"):
         tensors.data_path(data_dir, {"data_name": "../outside.npy"})
     os.symlink(outside, os.path.join(data_dir, "link.npy"))
-    with pytest.raises(tensors.TensorFileError, match="symlink"):
+    with pytest.raises(errors.TensorFileError, match="symlink"):
         tensors.load(tensors.data_path(data_dir, {"data_name": "link.npy"}))
     os.mkdir(os.path.join(data_dir, "folder.npy"))
-    with pytest.raises(tensors.TensorFileError, match="not a regular file"):
+    with pytest.raises(errors.TensorFileError, match="not a regular file"):
         tensors.load(os.path.join(data_dir, "folder.npy"))
-    with pytest.raises(tensors.TensorFileError, match="missing"):
+    with pytest.raises(errors.TensorFileError, match="missing"):
         tensors.load(os.path.join(data_dir, "absent.npy"))
     np.save(os.path.join(data_dir, "strings.npy"), np.array(["abc"]))
-    with pytest.raises(tensors.TensorFileError, match="not numbers"):
+    with pytest.raises(errors.TensorFileError, match="not numbers"):
         tensors.load(os.path.join(data_dir, "strings.npy"))
     # in a comparison, a file that cannot be read leaves the pair to its statistics, with the reason
     name = "Cell.block.fc1.Dense.forward.0.output.0.npy"
@@ -325,6 +326,51 @@ def test_anomalies_read_msprobe_parameters(tmp_path, capsys):
     assert first["slots"][0]["slot"] == "param.weight" and first["note"] == "one of its own weights is bad"
 
 
+def _edit_dump(folder, change):
+    path = os.path.join(folder, "dump.json")
+    with open(path, encoding="utf-8") as handle:
+        doc = json.load(handle)
+    change(doc["data"])
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(doc, handle)
+
+
+def test_anomalies_read_weight_gradients(tmp_path, capsys):
+    """A nan_count of 3 on a bias gradient (a parameters_grad entry) is found, as on a forward output."""
+    folder = write_dump(str(tmp_path / "d"), chain())
+    grad = dict(tensor(np.ones(3)), nan_count=3)
+
+    def add_gradient(data):
+        data["Cell.block.fc2.Dense.parameters_grad.0"] = {"bias": [grad]}
+
+    _edit_dump(folder, add_gradient)
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
+    (first,) = result["first"]
+    assert code == 1 and first["entry"] == "Cell.block.fc2.Dense.parameters_grad.0", result
+    assert first["direction"] == "backward" and first["slots"][0]["slot"] == "param_grad.bias"
+    assert first["slots"][0]["nan_count"] == 3 and first["note"] == "the gradient of one of its own weights is bad"
+
+
+def test_anomalies_say_which_records_they_could_not_judge(tmp_path, capsys):
+    """A Max of "NaN?" and a shape of 10^12 x 10^12 elements are named, not passed over in silence."""
+    folder = write_dump(str(tmp_path / "d"), chain())
+
+    def spoil(data):
+        data["Cell.block.fc1.Dense.forward.0"]["output"][0]["Max"] = "NaN?"
+        data["Cell.block.fc2.Dense.forward.0"]["output"][0]["shape"] = [10 ** 12, "x"]
+
+    _edit_dump(folder, spoil)
+    assert celldump_main(["anomalies", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "2 tensor record(s) not judged, their statistics unreadable: Cell.block.fc1.Dense.forward.0 output.0: " \
+           "Max 'NaN?' is not a number; Cell.block.fc2.Dense.forward.0 output.0: shape [1000000000000, 'x'] is " \
+           "not a list of whole numbers" in out, out
+    assert out.splitlines()[-1] == ("no NaN, Inf or out-of-range value found in the records judged; 2 record(s) "
+                                    "could not be judged (above)")
+    code, result = run_json(capsys, "anomalies", str(tmp_path / "d"))
+    assert result["ranks"][0]["unjudged"] == 2
+
+
 def test_pairs_table_keeps_missing_values_empty_integers_whole_and_floats_exact(tmp_path):
     """compare_pairs.csv without pandas: its columns in the store's order, the rows in execution order, a
     missing value an empty field, step/rank/pos as integers, every float as repr writes it (read back
@@ -391,3 +437,75 @@ def test_without_matplotlib_compare_writes_the_rest_and_names_the_extra(tmp_path
     assert sorted(os.listdir(tmp_path / "without")) == ["compare_pairs.csv", "report.html"]
     assert (tmp_path / "without" / "compare_pairs.csv").read_text() == \
         (tmp_path / "with" / "compare_pairs.csv").read_text()
+
+
+# --- the noise bound's rules, on records as a dump holds them --------------------------------------------
+
+
+def _rec(dtype, shape, norm, top=1.0, bottom=-1.0):
+    return {"type": "mindspore.Tensor", "dtype": dtype, "shape": shape, "Max": top, "Min": bottom, "Mean": 0.1,
+            "Norm": norm}
+
+
+def test_each_cell_kind_has_the_reduction_it_computes():
+    from mf_celldump.analysis.compare import noise
+
+    ids = _rec("Int32", [2, 16], 7000.0, 127, 1)
+    embedding = {"input_args": [ids], "output": [_rec("Float32", [2, 16, 64], 2.0)],
+                 "parameters": {"weight": _rec("Float32", [128, 64], 5.0)}}
+    linear = {"input_args": [_rec("Float32", [2, 16, 64], 30.0)], "output": [_rec("Float32", [2, 16, 96], 9.0)],
+              "parameters": {"weight": _rec("Float32", [96, 64], 4.0)}}
+    norm = {"input_args": [_rec("Float32", [2, 16, 64], 30.0)], "output": [_rec("Float32", [2, 16, 64], 32.0)],
+            "parameters": {"weight": _rec("Float32", [64], 8.0)}}
+    act = {"input_args": [_rec("Float32", [2, 16, 96], 9.0)], "output": [_rec("Float32", [2, 16, 96], 5.0)]}
+    kinds = {name: noise.cell_reductions(cls, body) for name, cls, body in (
+        ("m.embed", "Embedding", embedding), ("m.layers.0.mlp.up", "Linear", linear),
+        ("m.layers.0.norm", "RMSNorm", norm), ("m.layers.0.mlp.act", "SiLU", act))}
+    assert [(r.kind, r.forward, r.backward, r.tokens) for r in kinds.values()] == [
+        ("lookup", 1.0, 1.0, 32.0), ("matmul", 64.0, 96.0, 32.0), ("norm", 64.0, 64.0, 32.0),
+        ("elementwise", 1.0, 1.0, 1.0)]
+    kinds.update({"m": noise.Reductions(), "m.layers.0": noise.Reductions(), "m.layers.0.mlp": noise.Reductions()})
+    composed = noise.compose(kinds)
+    assert composed["m.layers.0.mlp"].forward == pytest.approx((8 + 1) ** 2)  # up and act, the leaves inside
+    assert composed["m.layers.0"].forward == pytest.approx((8 + 1 + 8) ** 2)
+    assert composed["m"].forward == pytest.approx((1 + 8 + 1 + 8) ** 2) and composed["m.embed"].kind == "lookup"
+
+
+def test_token_ids_never_set_the_magnitude_and_a_received_value_keeps_its_producers_bound():
+    from mf_celldump.analysis.compare import noise
+
+    ids = _rec("Int32", [2, 16], 7000.0, 127, 1)  # RMS about 219: as large as token ids get
+    looked_up = _rec("Float32", [2, 16, 64], 2.0, 0.5, -0.5)
+    mask = _rec("Float32", [2, 1, 16, 16], 150000.0, 0.0, -10000.0)
+    embedding = {"input_args": [ids], "output": [looked_up], "parameters": {"weight": _rec("Float32", [128, 64], 5.0)}}
+    norm = {"input_args": [dict(looked_up), mask], "output": [_rec("Float32", [2, 16, 64], 32.0)],
+            "parameters": {"weight": _rec("Float32", [64], 8.0)}}
+    tracker = noise.Tracker()
+    tracker.see("m.embed", "Embedding", "forward", 0, 2, embedding)
+    tracker.see("m.layers.0.norm", "RMSNorm", "forward", 0, 3, norm)
+    cells = tracker.finish()
+
+    def bound_of(cell, body, slot, record, depth):
+        scale, at = noise.slot_scale("forward", slot, body, record, record, cells[cell], cells, depth)
+        return noise.bound(("float32", "float32"), at, scale)
+
+    produced = bound_of("m.embed", embedding, "output.0", looked_up, 2)
+    received = bound_of("m.layers.0.norm", norm, "input.0", norm["input_args"][0], 3)
+    assert produced == received  # one tensor, one bound
+    assert produced == pytest.approx(4 * 2 ** 0.5 * 2 * 2.0 ** -24 * 5.0 / (128 * 64) ** 0.5)  # the table's RMS
+    norm_out = bound_of("m.layers.0.norm", norm, "output.0", norm["output"][0], 3)
+    assert norm_out < 1e-5  # neither the mask's -10000 nor the ids' magnitude widen it
+
+
+def test_a_tensor_pair_whose_statistics_differ_beyond_their_bound_diverges():
+    from mf_celldump.analysis.compare import measure
+
+    result = metrics.PairMetrics(rel_err=9e-4, max_abs_err=1e-3)
+    limits = thresholds.DEFAULT_THRESHOLDS["float32"]
+    ours = {"Max": 1.002, "Min": 0.999, "Mean": 1.0, "Norm": 8.0}
+    theirs = {"Max": 1.0, "Min": 0.999, "Mean": 1.0, "Norm": 8.0}
+    measure._judge_statistics_too(result, ours, theirs, 64, limits, 1e-6)
+    assert result.diverged and "statistics differ beyond their bound" in result.note
+    quiet = metrics.PairMetrics(rel_err=9e-4, max_abs_err=1e-3)
+    measure._judge_statistics_too(quiet, ours, theirs, 64, limits, 1e-2)  # within the bound: rounding
+    assert not quiet.diverged

@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mf_celldump.config import (
-    BACKENDS,
-    DATA_MODES,
-    DEFAULT_STATISTICS,
-    STATISTICS,
-    TASKS,
-    ConfigError,
-    DumpConfig,
-    IndexSelection,
-)
+from mf_celldump.config import BACKENDS, DATA_MODES, DumpConfig
+from mf_celldump.errors import ConfigError, MappingError
+from mf_celldump.statistics import DEFAULT_STATISTICS, STATISTICS, TASKS
+from mf_celldump.userinput import IndexSelection
 
 
 def config_error(values, *fragments):
@@ -610,7 +604,6 @@ def test_from_yaml_alias_to_a_finished_list_is_its_value(tmp_path):
 
 def test_attach_with_a_layer_mapping_holding_an_alias_loop_names_the_file_and_line(tmp_path):
     from mf_celldump import attach
-    from mf_celldump.mapping import MappingError
     from tests.support import capture_net as cn
 
     path = write(tmp_path / "loop.yaml", "Net: &a {fc1: x, loop: *a}\n")

@@ -10,69 +10,23 @@ package's lazy attribute table ``_LAZY``.
 
 from __future__ import annotations
 
-import ast
 import os
-from typing import Iterator, List, Tuple
+from typing import List, Tuple
 
 import pytest
 
-PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mf_celldump")
+from tests.support.import_graph import PACKAGE_DIR, imported_modules, package_files
+
 NOT_CORE = ("analysis", "cli")  # the subpackages over the core, which may import it and each other
+ENTRY = "__main__.py"  # `python -m mf_celldump`: the command line itself, over cli/
 ANALYSIS = ("mf_celldump.analysis", "pandas", "matplotlib")
 CLI = ("mf_celldump.cli",)
 
 
 def core_files() -> List[str]:
     """Paths, relative to the repository, of every .py file of the core."""
-    out = []
-    for folder, dirs, files in os.walk(PACKAGE_DIR):
-        if folder == PACKAGE_DIR:
-            dirs[:] = [name for name in dirs if name not in NOT_CORE]
-        out.extend(os.path.join(folder, name) for name in files if name.endswith(".py"))
-    return sorted(os.path.relpath(path, os.path.dirname(PACKAGE_DIR)) for path in out)
-
-
-def module_of(path: str) -> Tuple[str, bool]:
-    """(dotted module name, whether it is a package's ``__init__``) of a path like ``mf_celldump/a/b.py``."""
-    parts = path[: -len(".py")].split(os.sep)
-    is_package = parts[-1] == "__init__"
-    return ".".join(parts[:-1] if is_package else parts), is_package
-
-
-def imported_modules(source: str, path: str) -> Iterator[Tuple[str, int]]:
-    """(module name, line) of every import ``source`` (the text of ``path``) makes or names.
-
-    ``from a import b`` yields ``a`` and ``a.b`` (b may be a submodule); a relative import is
-    resolved against ``path``'s package.
-    """
-    module, is_package = module_of(path)
-    package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source, filename=path)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(parent + ([base] if base else []))
-            yield base, node.lineno
-            for alias in node.names:
-                yield f"{base}.{alias.name}", node.lineno
-        elif isinstance(node, ast.Call) and _is_import_call(node.func) and node.args:
-            if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                yield node.args[0].value, node.lineno
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets):
-            for item in ast.walk(node.value):
-                if isinstance(item, ast.Tuple) and item.elts and isinstance(item.elts[0], ast.Constant):
-                    yield str(item.elts[0].value), item.lineno
-
-
-def _is_import_call(func: ast.expr) -> bool:
-    """``importlib.import_module``, a bare ``import_module`` (from importlib) or ``__import__``."""
-    if isinstance(func, ast.Attribute):
-        return func.attr == "import_module"
-    return isinstance(func, ast.Name) and func.id in ("import_module", "__import__")
+    return [path for path in package_files()
+            if path.split(os.sep)[1] not in NOT_CORE and path != os.path.join("mf_celldump", ENTRY)]
 
 
 def forbidden_imports(source: str, path: str, roots: Tuple[str, ...]) -> List[str]:
@@ -109,14 +63,14 @@ def test_the_core_is_every_module_but_analysis_and_cli_and_its_lazy_names_are_re
 
 
 WAYS_TO_IMPORT = {
-    "import": "import mf_celldump.analysis.ranks\n",
+    "import": "import mf_celldump.analysis.replica_report\n",
     "from import": "from mf_celldump.analysis.compare import engine\n",
     "submodule by from": "from mf_celldump import analysis\n",
     "relative": "from ..analysis import ranks\n",
     "relative submodule": "from .. import analysis\n",
     "import_module": "import importlib\nimportlib.import_module('mf_celldump.analysis.compare')\n",
     "__import__": "__import__('pandas')\n",
-    "lazy table": "_LAZY = {'x': ('mf_celldump.analysis.ranks', 'summarize')}\n",
+    "lazy table": "_LAZY = {'x': ('mf_celldump.analysis.replica_report', 'summarize')}\n",
     "inside a function": "def plot():\n    import matplotlib.pyplot as plt\n",
 }
 

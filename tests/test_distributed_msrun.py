@@ -37,6 +37,21 @@ def test_two_ranks_each_dump_their_own_folder(tmp_path):
         for rank in (0, 1):
             with open(dump / f"step{step}" / f"rank{rank}" / "dump.json", encoding="utf-8") as handle:
                 assert WQ_FORWARD in json.load(handle)["data"]
+    # What the script prints: per rank its log, step lines and dump; the verdict; the command to run next.
+    # msrun's and the ranks' full output is in files.
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 60 and "WARNING" not in proc.stdout, proc.stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: log {out / 'msrun_log' / f'worker_{rank}.log'}" in lines, lines
+    assert [line for line in lines if line.startswith("verdict: ")] == [
+        "verdict: step 0: clean (2 replicas)", "verdict: step 1: clean (2 replicas)"], lines
+    assert lines[-1].startswith("next: check the ranks' replicas against each other: ") and \
+        lines[-1].endswith(f" ranks {dump}"), lines
+    assert "unprocessed raw steps" not in proc.stdout  # a rank names only its own raw steps
+    assert (out / "msrun.log").is_file()
+    ranks = subprocess.run(lines[-1].rsplit(": ", 1)[1].split(), cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert ranks.returncode == 0, ranks.stdout[-3000:] + ranks.stderr[-3000:]
     assert not (dump / "step2").exists()
     assert not list((dump / "_raw").glob("rank*/step*")), "every captured step was processed"
     for rank in (0, 1):

@@ -14,8 +14,8 @@ import shutil
 import numpy as np
 import pytest
 
+from mf_celldump.errors import ProcessingError
 from mf_celldump.processing.driver import process_dump
-from mf_celldump.processing.errors import ProcessingError
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import (
     alarm,

@@ -59,6 +59,18 @@ def test_unreadable_step_folder_is_a_problem_of_that_step(dump):
 
 
 @needs_permission_checks
+def test_an_unreadable_rank_folder_is_named_not_called_a_foreign_folder(dump):
+    builder = build_dump(dump)
+    os.chmod(builder.rank_dir, 0)
+    proc = _process_as_user(dump)
+    assert proc.returncode != 0 and "not an mf_celldump capture folder" not in proc.stdout + proc.stderr
+    assert f"{builder.rank_dir} cannot be read (permission denied): rank 0 is not processed" in proc.stderr, \
+        proc.stdout + proc.stderr
+    os.chmod(builder.rank_dir, 0o750)
+    assert _process_as_user(dump).returncode == 0
+
+
+@needs_permission_checks
 def test_unwritable_output_keeps_raw_and_rerun_finishes(dump):
     builder = build_dump(dump)
     os.chmod(dump, 0o555)

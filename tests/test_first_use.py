@@ -7,6 +7,7 @@ import importlib.metadata
 import io
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mf_celldump.config import ConfigError, DumpConfig
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import ConfigError
 from mf_celldump.processing.driver import process_dump
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import REPO, A, F, build_dump, limited_python, run_cli
@@ -54,7 +56,8 @@ def test_alias_bomb_in_any_key_is_a_short_message_within_300_mb(tmp_path):
         paths.append(str(path))
     code = textwrap.dedent(f"""
         import sys, yaml; sys.path.insert(0, {REPO!r})
-        from mf_celldump.config import ConfigError, DumpConfig
+        from mf_celldump.config import DumpConfig
+        from mf_celldump.errors import ConfigError
         for path in {paths!r}:
             with open(path) as handle:
                 data = yaml.safe_load(handle)
@@ -122,6 +125,44 @@ def test_surplus_modes_are_named():
         "my_mapping.yaml:3: attention (Attention) takes 3 input(s) (x, freqs_cis, mask) but the entry "
         "self_attention([in, _, in, out, in, _, _], [out]) gives 7 input modes; surplus, ignored: "
         "#3 out, #4 in, #5 _, #6 _"]
+
+
+def test_a_mapping_entry_of_a_million_modes_is_warned_in_one_short_line():
+    from mindspore import nn
+
+    from mf_celldump.capture.construct import surplus_mode_warnings
+    from mf_celldump.mapping import modes_for_network
+    from mf_celldump.mapping.parser import parse_mapping_text
+
+    class Head(nn.Cell):
+        def construct(self, x):
+            return x
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.head = Head()
+
+    modes = ", ".join(["in"] * 1_000_000)
+    mapping = parse_mapping_text(f"Net:\n  head: output_layer([{modes}], [out])\n", source="big.yaml")
+    net = Net()
+    (warning,) = surplus_mode_warnings(modes_for_network(mapping, net.cells_and_names()), net.cells_and_names())
+    assert len(warning) < 1000, len(warning)
+    assert warning.startswith("big.yaml:2: head (Head) takes 1 input(s) (x) but the entry output_layer([in, in")
+    assert "gives 1000000 input modes; surplus, ignored: #1 in, #2 in" in warning and "and 999987 more" in warning
+
+
+def test_an_error_names_the_callback_once_and_stays_bounded():
+    """MindFormers' registry re-raises as type(e)(f"{name}: {e}") in front of a message naming the
+    class already; and no message grows with the value it quotes."""
+    from mf_celldump.errors import MAX_MESSAGE_CHARS, AttachError
+
+    doubled = ConfigError("CellDumpCallback: CellDumpCallback: unknown key 'dump_pth'")
+    assert str(doubled) == "CellDumpCallback: unknown key 'dump_pth'"
+    assert str(ConfigError("steps: steps: 3")) == "steps: steps: 3"  # a key, not a class name: kept
+    huge = AttachError("x" * 3_000_000)
+    assert len(str(huge)) <= MAX_MESSAGE_CHARS and "characters left out" in str(huge)
+    assert str(AttachError(str(huge))) == str(huge)  # bounding twice (a pickled copy) changes nothing
 
 
 # -- where run_mindformer.py comes from --------------------------------------------------
@@ -216,7 +257,7 @@ def test_register_path_yaml_is_one_entry_for_an_existing_list():
 # -- the main job -------------------------------------------------------------------
 
 def test_modules_cache_is_ignored_and_kept_out_of_the_checkout(monkeypatch, tmp_path):
-    assert "modules/" in _read(os.path.join(REPO, ".gitignore")).split()
+    assert {"modules/", "compare_out/"} <= set(_read(os.path.join(REPO, ".gitignore")).split())  # README's folders
     sys.path.insert(0, os.path.join(REPO, "examples"))
     try:
         import run_tiny_llama
@@ -250,15 +291,45 @@ def test_main_job_prints_progress_and_the_dump_keeps_the_rest_in_a_log(tmp_path)
     assert "Init Config" in log and "step 2 rank 0: processed" in log
     assert sorted(os.listdir(tmp_path)) == ["out"], "nothing (output/, modules/) in the working folder"
     assert (out / "modules").is_dir()
-    # It ends with a command installed with it, on the dump it just wrote (msprobe's only where it is installed).
+    # It ends with how to make a second run that differs and compare the two dumps (every step), by
+    # commands that run as printed in a shell whose PATH lacks the venv (README's command set it for
+    # itself only); msprobe's only where it is installed.
     dump = out / "celldump"
-    hint = f"compare two runs: mf-celldump compare {dump}/step0 <other run's dump>/step0 -o compare_out"
-    assert lines[-2:] == [hint, f"  (or msprobe compare -tp {dump}/step0 -gp <other run's dump>/step0 -o "
-                                "compare_out)"], lines
-    command = hint.split(": ", 1)[1].replace("<other run's dump>", str(dump)).split()
-    assert command[:2] == ["mf-celldump", "compare"]
-    compared = run_cli(*command[1:-1], str(tmp_path / "compare_out"), timeout=600)
-    assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]
+    python = sys.executable
+    mf_celldump = os.path.join(os.path.dirname(python), "mf-celldump")
+    other = f"{out}-seed1"
+    script = os.path.join(REPO, "examples", "run_tiny_llama.py")
+    assert lines[-4:] == [
+        "compare two runs, every step: make a second one that differs (another seed: other initial weights), "
+        "then compare the two dumps:",
+        f"  {python} {script} --output-dir {other} --set seed=1",
+        f"  {mf_celldump} compare {other}/celldump {dump} -o compare_out",
+        f"  (or msprobe's, one step at a time: msprobe compare -tp <other run's dump>/step0 -gp {dump}/step0 -o "
+        "compare_out)"], lines
+    shell_env = dict(os.environ, PATH="/usr/bin:/bin")
+    # The same command again: refused before it trains, naming the flag the user gave; nothing changed.
+    before = sorted(p for p in glob.glob(str(dump / "**"), recursive=True))
+    again = subprocess.run([python, script, "--output-dir", str(out)], cwd=str(tmp_path), capture_output=True,
+                           text=True, timeout=900)
+    assert again.returncode == 1 and "training FAILED: DumpInUseError" in again.stdout, again.stdout[-3000:]
+    assert "give another --output-dir (or --dump dump_path=DIR)" in again.stdout
+    assert f"Set dump_path (unset: the dump goes to <output_dir>/celldump) or output_dir (here {out})" in again.stdout
+    assert sorted(p for p in glob.glob(str(dump / "**"), recursive=True)) == before
+    second = subprocess.run(lines[-3].strip(), shell=True, cwd=str(tmp_path), env=shell_env, capture_output=True,
+                            text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    compared = subprocess.run(lines[-2].strip(), shell=True, cwd=str(tmp_path), env=shell_env, capture_output=True,
+                              text=True, timeout=900)
+    assert compared.returncode == 1, compared.stdout[-3000:] + compared.stderr[-3000:]
+    assert "FIRST DIVERGENCE (forward, step 0 rank 0)" in compared.stdout
+    assert all(f"step {n} rank 0 (step{n}/rank)" in compared.stdout for n in range(3)), compared.stdout
+    assert (tmp_path / "compare_out" / "report.html").is_file()
+
+
+def test_python_m_mf_celldump_is_the_command():
+    proc = subprocess.run([sys.executable, "-m", "mf_celldump", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("mf-celldump "), proc.stdout + proc.stderr
 
 
 def test_without_processing_the_example_points_at_raw_data_not_at_missing_folders(tmp_path, monkeypatch):
@@ -285,21 +356,207 @@ def test_without_processing_the_example_points_at_raw_data_not_at_missing_folder
     text = out.getvalue()
     assert "step 0: loss 1.5000" in text and "captured into celldump/_raw/ (raw" in text, text
     assert "step0" not in text.replace("_raw/rank0/step0", ""), text
-    assert f"mf-celldump process {dump}" in text and "mf-celldump compare <dump>/step{N}" in text, text
+    tool = run_tiny_llama.celldump_command()
+    assert f"{tool} process {dump}" in text and f"{tool} compare <other run's dump> {dump}" in text, text
     shutil.rmtree(os.path.join(dump, fmt.RAW_ROOT, "rank0", "step0"))
     assert process_dump(dump, jobs=1).ok
     assert shutil.which("msprobe"), "the test environment installs msprobe"
     out.seek(0)
     out.truncate(0)
     run_tiny_llama._closing(shown, dump, None, None)
-    assert f"msprobe compare -tp {dump}/step1 -gp <other run's dump>/step1" in out.getvalue()
+    assert f"msprobe compare -tp <other run's dump>/step1 -gp {dump}/step1" in out.getvalue()
     last = out.getvalue().splitlines()[-2]
-    assert last == f"compare two runs: mf-celldump compare {dump}/step1 <other run's dump>/step1 -o compare_out"
+    assert last == f"compare two runs (every step): {tool} compare <other run's dump> {dump} -o compare_out"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # msprobe not installed: no hint at it
     out.seek(0)
     out.truncate(0)
     run_tiny_llama._closing(shown, dump, None, None)
     assert out.getvalue().splitlines()[-1] == last and "msprobe" not in out.getvalue(), out.getvalue()
+
+
+def _example_modules():
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    try:
+        import console
+        import run_tiny_llama
+    finally:
+        sys.path.remove(os.path.join(REPO, "examples"))
+    return console, run_tiny_llama
+
+
+def _progress_to(console, shown, dump, selected, last_step):
+    """The example's step lines for steps 0..last_step, as its progress callback prints them."""
+    from mindspore import Tensor
+    from mindspore.train.callback import RunContext, _InternalCallbackParam
+
+    progress = console.step_progress_callback(shown, last_step + 1, dump, selected)
+    for step in range(last_step + 1):
+        params = _InternalCallbackParam()
+        params.cur_step_num, params.initial_step, params.net_outputs = step + 1, 0, Tensor(1.5)
+        progress.on_train_step_end(RunContext(params))
+    return progress
+
+
+def test_steps_the_run_never_reached_are_named_last_without_a_process_hint(tmp_path):
+    """`--dump steps=5` on a 3-step run: the end line names step 5 and the last step reached; nothing
+    suggests `process`, which cannot make a step that never ran. With a step captured as well, the
+    compare hint stays and the unreached steps still close."""
+    console, run_tiny_llama = _example_modules()
+    from mf_celldump.config import IndexSelection
+
+    dump = str(tmp_path / "celldump")
+    out = io.StringIO()
+    shown = console.Console(out)
+    selected = IndexSelection.parse("5", "steps")
+    progress = _progress_to(console, shown, dump, selected, 2)
+    note = run_tiny_llama.ending_note(selected, progress, dump)
+    run_tiny_llama._closing(shown, dump, None, None, note)
+    lines = out.getvalue().splitlines()
+    assert lines[-1] == "selected step 5 never reached: the run ended after step 2 (more --steps or --epochs reach it)"
+    assert "mf-celldump process" not in out.getvalue() and "not captured" in lines[0], lines
+    build_dump(dump, steps=2)
+    assert process_dump(dump, jobs=1).ok
+    selected = IndexSelection.parse("0-1,5-20", "steps")
+    assert run_tiny_llama.ending_note(selected, progress, dump) == (
+        "selected steps 5,6,7,8,9,... never reached: the run ended after step 2 (more --steps or --epochs reach "
+        "them)")
+    out.seek(0)
+    out.truncate(0)
+    run_tiny_llama._closing(shown, dump, None, None, run_tiny_llama.ending_note(selected, progress, dump))
+    assert "compare two runs" in out.getvalue() and out.getvalue().splitlines()[-1].startswith("selected steps 5,")
+    every = run_tiny_llama.ending_note(None, progress, dump)
+    assert every is None and run_tiny_llama.ending_note(IndexSelection.parse("0-2", "steps"), progress, dump) is None
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_the_run_summary_names_selected_steps_it_never_reached(tmp_path, mode):
+    """A run of steps 0-2 with steps "1,5-6" selected: its summary says 5 and 6 never came, after step 2."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from mf_celldump.integrations.run import TrainingRun
+
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        net = nn.Dense(4, 2)
+        train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.1))
+        run = TrainingRun(DumpConfig.coerce({"dump_path": str(tmp_path / "d"), "steps": "1,5-6",
+                                             "layer_mapping": None}))
+        run.ensure_attached(train)
+        for step in range(3):
+            run.begin_step(step)
+            train(ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.zeros((2, 2), np.float32)))
+            run.end_step()
+        summary = run.finish()
+    finally:
+        ms.set_context(mode=before)
+    assert summary.processed_steps == [1], summary.text()
+    assert "selected steps 5,6 never reached: the run ended after step 2" in summary.notes, summary.text()
+
+
+def test_with_steps_anomaly_the_lines_say_watched_and_the_end_says_no_rule_fired(tmp_path):
+    console, run_tiny_llama = _example_modules()
+    from mf_celldump.config import DumpConfig
+
+    dump = str(tmp_path / "celldump")
+    out = io.StringIO()
+    shown = console.Console(out)
+    selected = DumpConfig.from_dict({"steps": "anomaly", "watch": True}).steps
+    progress = _progress_to(console, shown, dump, selected, 1)
+    run_tiny_llama._closing(shown, dump, None, None, run_tiny_llama.ending_note(selected, progress, dump))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "step 0: loss 1.5000, 0.0 s, watched (a step is captured when a watch rule fires)", lines
+    assert lines[-1] == "steps=anomaly: no watch rule fired, so no step was captured (the rules: docs/watch.md)"
+    assert "mf-celldump process" not in out.getvalue()
+
+
+def test_a_refused_rerun_names_the_flag_that_moves_the_dump():
+    """With dump_path in the entry another --output-dir would not move the dump: the line names --dump."""
+    _, run_tiny_llama = _example_modules()
+    assert "give another --output-dir (or --dump dump_path=DIR)" in run_tiny_llama._rerun_refused("/x", False)
+    named = run_tiny_llama._rerun_refused("/x", True)
+    assert "give another --dump dump_path=DIR, or delete" in named and "--output-dir" not in named
+
+
+def test_the_second_run_keeps_the_arguments_but_its_folders_and_seed():
+    _, run_tiny_llama = _example_modules()
+    argv = ["--mode", "graph", "--dump", "steps=1", "--output-dir=/o", "--set", "seed=3", "--dump", "dump_path=/d"]
+    second = run_tiny_llama.second_run_arguments(argv, "/o", 3, "/d")
+    assert second == ["--mode", "graph", "--dump", "steps=1", "--output-dir", "/o-seed4", "--set", "seed=4",
+                      "--dump", "dump_path=/d-seed4"]
+    assert run_tiny_llama._dump_path_of_arguments(second) == "/d-seed4"
+    plain = run_tiny_llama.second_run_arguments(["--output-dir", "out"], "/abs/out", 0, None)
+    assert plain == ["--output-dir", "/abs/out-seed1", "--set", "seed=1"]
+    assert run_tiny_llama._dump_path_of_arguments(plain) == "/abs/out-seed1/celldump"
+
+
+def _readme_dump_values():
+    """Every key=value a CellDumpCallback entry of README's YAML blocks shows, and each `steps` form of its
+    configuration table, as `--dump` arguments (with the watch where `steps: anomaly` needs it)."""
+    text = _read(README)
+    values = []
+    for block in text.split("```yaml")[1:]:
+        lines = block.split("```")[0].splitlines()
+        for i, line in enumerate(lines):
+            if line.split("#")[0].strip() == "- type: CellDumpCallback":
+                indent = len(line) - len(line.lstrip())
+                entry = [line]
+                for rest in lines[i + 1:]:
+                    if len(rest) - len(rest.lstrip()) <= indent:
+                        break
+                    entry.append(rest)
+                (loaded,) = yaml.safe_load(textwrap.dedent("\n".join(entry)))
+                values.append([f"{k}={v}" for k, v in loaded.items() if k not in ("type", "auto_register")])
+    row = next(line for line in text.splitlines() if line.startswith("| `steps` |"))
+    assert "`anomaly` (with `watch`)" in row and '`"0,5-7"`' in row and '`[0, "5-7"]`' in row
+    values += [["steps=all"], ["steps=3"], ["steps=0,5-7"], ['steps=[0, "5-7"]'], ["steps=anomaly", "watch=true"]]
+    # and every literal `--dump KEY=VALUE` the READMEs, docs/ and the example's own help show
+    shown = [README, os.path.join(REPO, "examples", "README.md"), os.path.join(REPO, "examples", "run_tiny_llama.py"),
+             *glob.glob(os.path.join(REPO, "docs", "*.md"))]
+    for path in shown:
+        for found in re.findall(r"--dump ([a-z_]+=[^\s`)]+)", _read(path)):
+            values.append([found])
+    return values
+
+
+def test_every_dump_value_the_readme_shows_is_taken_by_the_example():
+    """Each through the example's own config path (its `--dump` flags, the steps it selects), no training."""
+    _, run_tiny_llama = _example_modules()
+    shown = _readme_dump_values()
+    assert ["steps=anomaly", "watch=True"] in shown, shown  # README's "Catch the step that goes wrong"
+    assert ["task=tensor"] in shown and ["rank_verdict=true"] in shown, shown  # the example's help, its README
+    for dumps in shown:
+        argv = [item for value in dumps for item in ("--dump", value)]
+        config = run_tiny_llama.load_config(run_tiny_llama.parse_args(argv))
+        selected = run_tiny_llama._selected_steps(config)
+        steps = dict(v.split("=", 1) for v in dumps).get("steps")  # else the example YAML's own (0-2)
+        assert (selected is None) == (steps == "all"), (dumps, selected)
+        if steps == "anomaly":
+            assert selected.on_anomaly
+
+
+@pytest.mark.slow
+def test_main_job_with_steps_anomaly_and_the_watch_trains_to_the_end(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "run_tiny_llama.py"), "--output-dir",
+                           str(out), "--dump", "steps=anomaly", "--dump", "watch=true"], cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("step ")] == ["step 0", "step 1", "step 2"]
+    assert lines[-1] == "steps=anomaly: no watch rule fired, so no step was captured (the rules: docs/watch.md)"
+    assert "watch: no rule fired" in _read(str(out / "run_tiny_llama.log"))
+
+
+def test_readme_names_every_compare_exit_code_and_what_needs_matplotlib():
+    from mf_celldump.cli.conventions import ExitCode
+
+    text = " ".join(_read(README).split())
+    assert f"{int(ExitCode.COMMON_FACTOR)} every difference is one common factor" in text
+    assert "exit 0 within thresholds, 1 diverged, 2 bad input" in text
+    assert "Only the PNG plots" in text
+    assert "`report.html` (its chart drawn by the page itself) are written without it" in text
 
 
 def test_examples_readme_and_main_readme_describe_the_quiet_main_job():

@@ -327,6 +327,42 @@ def test_cli_check_against_model(capsys, tmp_path, tiny_llama):
     assert run_cli(["mapping", "check", "auto", "--model", "nocolon"]) == 2
 
 
+def test_a_misspelt_class_in_a_users_file_is_a_problem_with_a_did_you_mean(capsys, tmp_path, tiny_llama):
+    """`LLamaAtention:` for `LLamaAttention:` matches no cell at all: exit 1, the right name on the same
+    line. The bundled file's classes of other variants stay fine, and without --model the check says
+    that names were not checked."""
+    typo = write(tmp_path, "LLamaAtention:\n  wq: linear_q([in], [out])\n", "my_mapping.yaml")
+    assert run_cli(["mapping", "check", "auto", typo, "--model", "tiny-llama"]) == 1
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.strip().startswith("LLamaAtention"))
+    assert f"from {typo}" in line and "(did you mean 'LLamaAttention'?)" in line, out
+    assert "PROBLEMS, class sections of your files whose class no cell has (1):" in out and "1 problem" in out
+    assert run_cli(["mapping", "check", "auto", "--model", "tiny-llama"]) == 0  # bundled absent classes: fine
+    assert "0 problems" in capsys.readouterr().out
+    assert run_cli(["mapping", "check", typo]) == 0
+    assert "class and cell names not checked; add --model NAME, or --target DUMP" in capsys.readouterr().out
+
+
+def test_a_class_a_dump_lacks_is_no_problem_against_its_cells(tmp_path, toy_cells):
+    """--target takes a dump's cells, which lack the cells it excluded: an absent class stays informational."""
+    user = write(tmp_path, "SelfAtention:\n  linear_qkv: q([in])\n")
+    mapping = resolve_mapping((user,), {cls for _, cls in toy_cells})
+    assert check_mapping(mapping, toy_cells).has_problems
+    from_dump = check_mapping(mapping, toy_cells, whole_network=False)
+    assert not from_dump.has_problems and "a dump lacks the cells it excluded" in from_dump.format()
+
+
+def test_a_misspelt_class_gets_one_warning_at_attach(tmp_path, caplog):
+    import mf_celldump
+
+    user = write(tmp_path, "SelfAtention:\n  linear_qkv: q([in])\n")
+    with caplog.at_level(logging.WARNING, logger="mf_celldump"):
+        dump = mf_celldump.attach(ToyModel(), {"layer_mapping": [user], "dump_path": str(tmp_path / "d")})
+        dump.detach()
+    warned = [r.getMessage() for r in caplog.records if "SelfAtention" in r.getMessage()]
+    assert len(warned) == 1 and "did you mean 'SelfAttention'?" in warned[0], warned
+
+
 @pytest.mark.parametrize(
     "command",
     [["mf_celldump.cli", "mapping"], ["mf_celldump.cli.mapping"]],

@@ -6,12 +6,11 @@ import textwrap
 
 import pytest
 
-from mf_celldump.config import ConfigError
+from mf_celldump.errors import ConfigError, MappingError
 from mf_celldump.mapping import (
     TOP_LAYER,
     ArgModes,
     LayerMapping,
-    MappingError,
     bundled_classes,
     bundled_names,
     load_bundled,
@@ -143,7 +142,7 @@ def test_integer_child_keys_are_names(tmp_path):
 
 def test_empty_file_is_an_empty_mapping(tmp_path):
     mapping = load_mapping_file(write(tmp_path, "# nothing yet\n"))
-    assert mapping.is_empty and mapping.classes == {}
+    assert mapping.entry_count() == 0 and mapping.classes == {}
 
 
 def test_missing_file(tmp_path):
@@ -279,8 +278,8 @@ def test_resolve_explicit_names_user_files_and_auto(tmp_path):
 
     auto = resolve_mapping(("auto",), {"TransformerLayer", "Dense"})
     assert "TransformerLayer" in auto.classes and "LLamaAttention" not in auto.classes
-    assert resolve_mapping(("auto",), {"Dense"}).is_empty
-    assert resolve_mapping((), {"TransformerLayer"}).is_empty
+    assert resolve_mapping(("auto",), {"Dense"}).entry_count() == 0
+    assert resolve_mapping((), {"TransformerLayer"}).entry_count() == 0
     # the same bundled file through auto and by name is loaded once
     assert resolve_mapping(("auto", "llama"), {"LlamaModel"}).sources == ("bundled/llama.yaml",)
 

@@ -17,8 +17,8 @@ import textwrap
 
 import pytest
 
+from mf_celldump.errors import ManifestError
 from mf_celldump.processing.driver import process_dump
-from mf_celldump.processing.errors import ManifestError
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import REPO, build_dump, edit_manifest, limited_python
 

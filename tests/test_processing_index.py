@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import mf_celldump
 from mf_celldump.processing import capture_index
 from mf_celldump.processing.worker import SummarizingObserver, step_summaries
-from mf_celldump.ranks.summary import summarize
+from mf_celldump.ranks.rank_summary import summarize
 from tests.support import formats as fmt
 from tests.support.hostile_dumps import edit_manifest
 from tests.support.rawdump_builder import RawDumpBuilder, llama_net, write_llama_step

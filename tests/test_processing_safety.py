@@ -11,13 +11,9 @@ import pytest
 
 from mf_celldump.cli import process as cli
 from mf_celldump.cli.conventions import ExitCode
+from mf_celldump.errors import DumpNotFoundError, EmptyDumpError, NotACaptureDumpError
 from mf_celldump.fsutil import FolderLock
 from mf_celldump.processing.driver import process_dump
-from mf_celldump.processing.errors import (
-    DumpNotFoundError,
-    EmptyDumpError,
-    NotACaptureDumpError,
-)
 from tests.support import formats as fmt
 from tests.support.event_recorder import EventRecorder
 from tests.support.rawdump_builder import RawDumpBuilder, llama_net, read_output, snapshot_tree, write_llama_step

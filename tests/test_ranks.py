@@ -18,12 +18,13 @@ import tracemalloc
 
 import pytest
 
-from mf_celldump.analysis.ranks import CheckRequest, run
+from mf_celldump.analysis.replica_report import CheckRequest, run
 from mf_celldump.cli import main as cli_main
-from mf_celldump.config import ConfigError, DumpConfig
-from mf_celldump.ranks.groups import ReplicaGroups, ReplicaSpecError
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import ConfigError, ExchangeError, ReplicaSpecError
+from mf_celldump.ranks.groups import ReplicaGroups
+from mf_celldump.ranks.rank_summary import from_bytes, summarize
 from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks
-from mf_celldump.ranks.summary import from_bytes, summarize
 from tests.support.synthetic_ranks import Fault, write_dump
 
 WQ = "model.layers.2.attention.wq"
@@ -355,7 +356,7 @@ def test_store_on_a_port_in_use_is_refused_with_the_port_named():
         taken.bind((rank_exchange.reachable_ip(), 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(rank_exchange.ExchangeError, match=f"cannot serve the store on .*:{port}"):
+        with pytest.raises(ExchangeError, match=f"cannot serve the store on .*:{port}"):
             rank_exchange.StoreServer.start(2, port, timeout_s=5)
 
 

@@ -13,7 +13,8 @@ import pytest
 
 import mf_celldump
 from mf_celldump.capture.backends.host import HostBackend
-from mf_celldump.capture.session import AttachError, StepError, find_attached
+from mf_celldump.capture.session import find_attached
+from mf_celldump.errors import AttachError, StepError
 from tests.support import capture_net as cn
 from tests.support.ascend_emulation import AscendEmulator
 from tests.support.ascend_runs import run_training

@@ -12,7 +12,7 @@ import os
 import pytest
 
 import mf_celldump
-from mf_celldump.capture.session import AttachError
+from mf_celldump.errors import AttachError
 from mf_celldump.integrations.captured import wait_for_files
 from mf_celldump.processing.driver import process_dump
 from tests.support import capture_net as cn

@@ -14,7 +14,7 @@ import pytest
 from mindspore import Tensor, nn
 
 import mf_celldump
-from mf_celldump.capture.session import AttachError
+from mf_celldump.errors import AttachError
 from tests.support.rawread import raw_steps, read_step
 
 STEPS = 7

@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+import tracemalloc
 
 import mindspore as ms
 import numpy as np
@@ -21,9 +22,10 @@ import pytest
 from mindspore import Tensor
 
 from mf_celldump.analysis.anomalies import scan
-from mf_celldump.config import DumpConfig, IndexSelection
+from mf_celldump.config import DumpConfig
 from mf_celldump.errors import ConfigError
 from mf_celldump.integrations.watching import StepWatch, signals_from_outputs, stopping_callbacks_before
+from mf_celldump.userinput import IndexSelection
 from mf_celldump.watch import MIN_HISTORY, StepSignals, Watch, WatchRules
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "watch_train.py")
@@ -179,6 +181,29 @@ def test_steps_anomaly_without_watch_is_refused_with_the_reason():
 def test_watch_keys_are_checked_when_the_configuration_is_built(values, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         DumpConfig.from_dict(values)
+
+
+def _shared_nest(depth):
+    """A list whose full repr has 2**depth leaves in a few dozen objects, as a YAML alias bomb builds."""
+    value = [0]
+    for _ in range(depth):
+        value = [value, value]
+    return value
+
+
+@pytest.mark.parametrize("watch", [_shared_nest(24), {"stop": _shared_nest(24)}, {"loss_spike": _shared_nest(24)},
+                                   {repr(_shared_nest(3)) * 10_000: True}])
+def test_a_bad_watch_value_of_any_size_is_shown_bounded(watch):
+    """Its repr would be 16 million leaves long: the message shows a few, in little memory."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as caught:
+            WatchRules.parse(watch)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(str(caught.value)) < 400 and "..." in str(caught.value)
+    assert peak < 4 << 20
 
 
 def test_a_watch_configuration_reads_back_from_what_the_manifest_records():

@@ -23,8 +23,8 @@ import re
 import numpy as np
 import pytest
 
-from mf_celldump.config import IndexSelection
 from mf_celldump.integrations.watch_ranks import firings_of, rerun_agreement, step_row
+from mf_celldump.userinput import IndexSelection
 from mf_celldump.watch import Firing
 from tests.support.msrun import MSRUN, run_job
 

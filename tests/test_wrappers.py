@@ -31,7 +31,7 @@ from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
 
 import mf_celldump
 from mf_celldump.capture.backends.ascend_primitives import AscendPrimitives
-from mf_celldump.capture.session import AttachError
+from mf_celldump.errors import AttachError
 from tests.support import formats as fmt
 from tests.support import micro_batch_net as mb
 from tests.support import pipeline_schedules as ps

@@ -1,7 +1,7 @@
 """The analysis tools: they read dumps in msprobe's layout (ours or anyone's) and say what differs.
 
 ``compare`` (two dumps: where they first diverge, and on which rank), ``anomalies`` (the first
-NaN/Inf or out-of-range value in execution order), ``ranks`` (data-parallel replicas checked
+NaN/Inf or out-of-range value in execution order), ``replica_report`` (data-parallel replicas checked
 against each other over dump folders and summary files, with a findings table and heat maps).
 They read the layout through ``mf_celldump.layout`` and use the training core's replica check;
 nothing in the training core imports them. Tables are plain CSV (the standard library); the

@@ -1,7 +1,10 @@
 """The first NaN/Inf (or value past a magnitude) in execution order.
 
 Works from the statistics every record carries (Max, Min, Mean, Norm, and nan_count /
-inf_count when dumped), so statistics-task dumps are covered and no tensor is loaded.
+inf_count when dumped), so statistics-task dumps are covered and no tensor is loaded: the
+records of activations, of each cell's weights and of their gradients (``parameters_grad``
+entries, judged with the backward pass they belong to). A record it cannot read (a statistic
+that is no number, a shape that is no list of whole numbers) is not judged, and said so.
 Per step and rank the first anomalous cell is found in execution order, forward before
 backward, descending into the earliest anomalous descendant as the compare report does
 (so a dumper listing parents first still names the innermost cell). Across ranks, the
@@ -14,12 +17,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mf_celldump.config import IndexSelection
+from mf_celldump.errors import DumpError
 from mf_celldump.layout import stat_records
-from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
-from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
-from mf_celldump.layout.slots import tensor_slots
-from mf_celldump.layout.stat_records import slot_anomaly
+from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, parse_entry_name
+from mf_celldump.layout.reader import DumpJson, find_rank_dumps
+from mf_celldump.layout.slots import tensor_slots, weight_records
+from mf_celldump.layout.stat_records import record_problem, slot_anomaly
+from mf_celldump.userinput import IndexSelection
+
+GRADIENT_SLOT = "param_grad."  # a weight gradient's slot label (its parameters_grad entry)
+SHOWN_UNJUDGED = 3  # records not judged named per rank; the rest are counted
 
 
 @dataclass
@@ -39,6 +46,8 @@ class Finding:
 
     @property
     def note(self) -> str:
+        if any(s["slot"].startswith(GRADIENT_SLOT) for s in self.slots):
+            return "the gradient of one of its own weights is bad"
         if any(s["slot"].startswith("param.") for s in self.slots):
             return "one of its own weights is bad"
         inputs = [s for s in self.slots if s["slot"].startswith(("input", "kwarg"))]
@@ -63,23 +72,43 @@ def scan_rank(dump_json: str, step: Optional[int], rank: int, max_abs: Optional[
     """First anomaly per direction of one rank folder (streamed), and how many tensors are anomalous."""
     current: Dict[str, Finding] = {}
     counts = {"nan": 0, "inf": 0, "large": 0}
+    unjudged: List[str] = []
+    unjudged_count = 0
     for pos, (name, body) in enumerate(DumpJson(dump_json).entries()):
-        parsed = parse_entry_name(name)
+        parsed = parse_entry_name(name, parameters_grad=True)
         if parsed is None:
             continue
+        direction = BACKWARD if parsed.direction == PARAMETERS_GRAD else parsed.direction
         bad = []
-        for slot, record in tensor_slots(parsed.direction, body, parameters=True):
+        for slot, record in _records(parsed.direction, body):
+            problem = record_problem(record)
+            if problem:
+                unjudged_count += 1
+                if len(unjudged) < SHOWN_UNJUDGED:
+                    unjudged.append(f"{name} {slot}: {problem}")
+                continue
             kind = slot_anomaly(record, max_abs)
             if kind:
                 counts[kind] += 1
                 bad.append({"slot": slot, "kind": kind, **slot_details(record)})
         if not bad:
             continue
-        found = current.get(parsed.direction)
+        found = current.get(direction)
         if found is None or parsed.cell.startswith(found.cell + "."):
-            current[parsed.direction] = Finding(step, rank, parsed.direction, pos, name, parsed.cell, bad, folder)
+            current[direction] = Finding(step, rank, direction, pos, name, parsed.cell, bad, folder)
     first = current.get(FORWARD) or current.get(BACKWARD)
-    return {"step": step, "rank": rank, "folder": folder, "first": first, "counts": counts}
+    return {"step": step, "rank": rank, "folder": folder, "first": first, "counts": counts,
+            "unjudged": unjudged_count, "unjudged_first": unjudged}
+
+
+def _records(direction: str, body: Dict[str, Any]):
+    """(slot, record) of every tensor an entry holds: a weight-gradient entry's gradients, else its weights,
+    inputs and outputs."""
+    if direction == PARAMETERS_GRAD:
+        for name, record in weight_records(body, gradients=True).items():
+            yield f"{GRADIENT_SLOT}{name}", record
+        return
+    yield from tensor_slots(direction, body, parameters=True)
 
 
 def scan(path: str, steps: IndexSelection, ranks: IndexSelection, max_abs: Optional[float]) -> Dict[str, Any]:
@@ -122,9 +151,13 @@ def result_text(result: Dict[str, Any]) -> str:
     lines = []
     for item in result["ranks"]:
         where = f"step {item['step'] if item['step'] is not None else '-'} rank {item['rank']} ({item['folder']})"
+        if item.get("unjudged"):
+            more = item["unjudged"] - len(item["unjudged_first"])
+            lines.append(f"{where}: {item['unjudged']} tensor record(s) not judged, their statistics unreadable: "
+                         + "; ".join(item["unjudged_first"]) + (f"; and {more} more" if more > 0 else ""))
         first: Optional[Finding] = item["first"]
         if first is None:
-            lines.append(f"{where}: no anomaly")
+            lines.append(f"{where}: no anomaly" + (" in the records judged" if item.get("unjudged") else ""))
             continue
         counts = ", ".join(f"{n} {k}" for k, n in item["counts"].items() if n)
         lines.append(f"{where}: {counts} tensors; first: {first.direction} {first.entry}")
@@ -135,5 +168,7 @@ def result_text(result: Dict[str, Any]) -> str:
         names = "; ".join(f"step {f.step} rank {f.rank}: {f.direction} {f.entry}" for f in result["first"])
         lines.append(f"FIRST ANOMALY across ranks: {names}")
     else:
-        lines.append("no NaN, Inf or out-of-range value found")
+        unjudged = sum(item.get("unjudged", 0) for item in result["ranks"])
+        lines.append("no NaN, Inf or out-of-range value found" + (
+            f" in the records judged; {unjudged} record(s) could not be judged (above)" if unjudged else ""))
     return "\n".join(lines)

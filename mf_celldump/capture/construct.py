@@ -117,11 +117,21 @@ def surplus_mode_warnings(modes: Mapping[str, ArgModes], cells: Iterable[Tuple[s
             continue
         surplus = entry.input_modes[len(params):]
         where = f"{entry.where}: " if entry.where else ""
+        shown = [f"#{len(params) + i} {m}" for i, m in enumerate(surplus[:SHOWN_MODES])]
+        more = f" and {len(surplus) - SHOWN_MODES} more" if len(surplus) > SHOWN_MODES else ""
         out.append(
-            f"{where}{name} ({type(cell).__name__}) takes {len(params)} input(s) ({', '.join(params)}) but the "
-            f"entry {entry.format()} gives {len(entry.input_modes)} input modes; surplus, ignored: "
-            f"{', '.join(f'#{len(params) + i} {m}' for i, m in enumerate(surplus))}")
+            f"{where}{name} ({type(cell).__name__}) takes {len(params)} input(s) ({_cut(', '.join(params))}) but the "
+            f"entry {_cut(entry.format())} gives {len(entry.input_modes)} input modes; surplus, ignored: "
+            f"{', '.join(shown)}{more}")
     return out
+
+
+SHOWN_MODES = 12  # surplus modes named in a warning; a mapping may list millions
+SHOWN_CHARS = 200
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 20]}... ({len(text)} characters)"
 
 
 # -- input gradients that cannot be recorded ----------------------------------------------------------

@@ -16,11 +16,11 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Set, Tuple
 
-from mf_celldump.errors import DumpInUseError
+from mf_celldump.errors import DumpInUseError, ManifestError
 from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.rawformat import names
-from mf_celldump.rawformat.manifest import CellRecord, Manifest, ManifestError, load_manifest
+from mf_celldump.rawformat.manifest import CellRecord, Manifest, load_manifest
 
 
 @dataclass
@@ -109,10 +109,14 @@ def _not_a_resume(earlier: EarlierRun, cells: Sequence[CellRecord], task: str, i
 
 
 def claim(dump_path: str, rank: int, distributed: bool, run_id: str, cells: Sequence[CellRecord], task: str,
-          initial_step: int) -> str:
+          initial_step: int, given: str = "dump_path") -> str:
     """The run id this attach writes under: its own ``run_id``, or the one of the run it resumes.
 
-    Raises ``DumpInUseError`` when ``dump_path`` holds another run's data for this rank.
+    Raises ``DumpInUseError`` when ``dump_path`` holds another run's data for this rank. A second run
+    is refused rather than sent to a new folder of our choosing: every rank must write to the same
+    folder, which the user (and the compare command) names, and never two runs mix in one. ``given``
+    names what the user set that made this folder (``dump_path``, or ``output_dir`` when it is unset),
+    so that the way out names it.
     """
     earlier = find_earlier_run(dump_path, rank, distributed)
     if not earlier.has_data:
@@ -126,7 +130,7 @@ def claim(dump_path: str, rank: int, distributed: bool, run_id: str, cells: Sequ
     raise DumpInUseError(
         f"{dump_path} already holds the dump of {named} for rank {rank} ({steps}), and this is not a resume of it: "
         f"{why}. Its steps and this run's would mix, and equal step numbers would replace each other. Set "
-        "dump_path to a new folder, or move that dump away first; nothing was written")
+        f"{given} to a new folder, or move that dump away first; nothing was written")
 
 
 def _describe_steps(steps: List[int]) -> str:

@@ -49,12 +49,6 @@ class SelectedCell:
         return self.record.params
 
 
-def wrapper_chain(network) -> List[object]:
-    """``network`` and the training wrappers inside it, outermost first, ending with the user model
-    (``capture/wrappers.py`` finds them by what they hold; raises ``WrapperError`` for one it cannot read)."""
-    return peel(network).chain
-
-
 def unwrap(network):
     """Peel training wrappers off ``network``; returns the user model."""
     return peel(network).model

@@ -21,13 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from packaging.version import InvalidVersion, Version
 
 from mf_celldump import __version__
-from mf_celldump.capture.backends import (
-    BackendContext,
-    BackendSetupError,
-    CaptureBackend,
-    choose_backend,
-    create_backend,
-)
+from mf_celldump.capture.backends import BackendContext, CaptureBackend, choose_backend, create_backend
 from mf_celldump.capture.construct import GradientGapLog, InstalledConstruct, install, surplus_mode_warnings
 from mf_celldump.capture.graph_switch import GraphSwitch, finds_compiling_cell
 from mf_celldump.capture.graph_wrapper import GeneratedSources, graph_construct
@@ -37,12 +31,12 @@ from mf_celldump.capture.parallel_layout import parallel_layout
 from mf_celldump.capture.parameters import ParameterCapture
 from mf_celldump.capture.pynative_wrapper import pynative_construct
 from mf_celldump.capture.recompute import recompute_problem
-from mf_celldump.capture.run_identity import DumpInUseError, claim
+from mf_celldump.capture.run_identity import claim
 from mf_celldump.capture.runtime import CaptureRuntime
 from mf_celldump.capture.selection import SelectedCell, select_cells, selection_warnings, unwrap
-from mf_celldump.capture.wrappers import WrapperError, peel
-from mf_celldump.config import DumpConfig, short_repr
-from mf_celldump.errors import AttachError, StepError
+from mf_celldump.capture.wrappers import peel
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import AttachError, BackendSetupError, DumpInUseError, StepError, WrapperError, short_repr
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY, WATCH_KEY
 from mf_celldump.mapping import ArgModes
@@ -240,13 +234,21 @@ class CellDump:
         own = self.run_id
         try:
             self.run_id = claim(self.dump_path, self.rank, self.distributed, own, [s.record for s in self.cells],
-                                self.config.task, self.initial_step)
+                                self.config.task, self.initial_step, self._dump_path_given())
         except DumpInUseError as err:
             self.detach()
-            raise AttachError(str(err)) from None
+            raise DumpInUseError(str(err)) from None  # an AttachError a caller can tell apart
         if self.run_id != own:
             logger.info("continuing run %s in %s from step %d (a resumed run)", self.run_id, self.dump_path,
                         self.initial_step)
+
+    def _dump_path_given(self) -> str:
+        """What the user set that names ``dump_path``: the key, or output_dir when the key is unset."""
+        if self.config.dump_path:
+            return "dump_path"
+        parent = os.path.dirname(self.dump_path)
+        return f"dump_path (unset: the dump goes to <output_dir>/{os.path.basename(self.dump_path)}) or output_dir " \
+               f"(here {parent})"
 
     def _micro_batches(self) -> Optional[MicroBatches]:
         """The micro-batch schedule where processing pairs backward captures by order (else None); a backward

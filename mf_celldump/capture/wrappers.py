@@ -37,7 +37,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from mf_celldump.errors import AttachError
+from mf_celldump.errors import WrapperError
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +61,6 @@ KNOWN = {
     "MicroBatchInterleaved": ("network", INTERLEAVE, "interleave_num"),
 }
 DATASET_PRIMITIVES = ("_VirtualDataset", "GetNext")
-
-
-class WrapperError(AttachError):
-    """A cell around the model that cannot be understood; attach refuses it."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +89,6 @@ class Peeled:
     layers: Tuple[Layer, ...]
     model: object
     model_where: str
-
-    @property
-    def chain(self) -> List[object]:
-        return [layer.cell for layer in self.layers] + [self.model]
 
 
 def peel(network) -> Peeled:

@@ -13,8 +13,7 @@ from typing import Any
 
 from mf_celldump.analysis.anomalies import result_json, result_text, scan
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, emit, parse_selection
-from mf_celldump.config import ConfigError
-from mf_celldump.layout.reader import DumpError
+from mf_celldump.errors import ConfigError, DumpError
 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:

@@ -15,13 +15,19 @@ from typing import Any
 
 from mf_celldump.analysis.compare import shards, thresholds, workers
 from mf_celldump.analysis.compare.coverage import MIN_COVERAGE
-from mf_celldump.analysis.compare.engine import CompareInputError, run
-from mf_celldump.analysis.compare.report import COMMON_FACTOR, DEFAULT_OUTPUT, DIVERGED, WITHIN, CompareRequest
+from mf_celldump.analysis.compare.engine import run
+from mf_celldump.analysis.compare.request import (
+    COMMON_FACTOR,
+    DEFAULT_OUTPUT,
+    DIVERGED,
+    WITHIN,
+    CompareRequest,
+    RankFolders,
+)
 from mf_celldump.analysis.compare.summary import advice, format_summary, plain, to_json
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, emit, parse_selection
-from mf_celldump.config import ConfigError
-from mf_celldump.layout.reader import DumpError
-from mf_celldump.mapping import AUTO, MappingError
+from mf_celldump.errors import CompareInputError, ConfigError, DumpError, MappingError
+from mf_celldump.mapping import AUTO
 
 logger = logging.getLogger(__name__)
 
@@ -108,16 +114,19 @@ def run_compare(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     report = None
     try:
-        sizes = shards.ShardSizes(*(shards.recorded_tp(path) if given is None else given
-                                    for path, given in ((args.target, args.target_tp),
-                                                        (args.baseline, args.baseline_tp))))
         request = _request(args)
-        if sizes.target < 1 or sizes.baseline < 1:
-            raise ValueError(f"--target-tp {sizes.target} / --baseline-tp {sizes.baseline}: give positive numbers")
+        bad = [f"--{side}-tp {given}" for side, given in (("target", args.target_tp), ("baseline", args.baseline_tp))
+               if given is not None and given < 1]
+        if bad:
+            raise ValueError(f"{' / '.join(bad)}: give a positive number of ranks")
+        folders = RankFolders.find(request)  # the one pass over both sides' rank folders
+        sizes = shards.ShardSizes(*(shards.recorded_tp(path, found) if given is None else given
+                                    for path, found, given in ((args.target, folders.target, args.target_tp),
+                                                               (args.baseline, folders.baseline, args.baseline_tp))))
         if sizes.merging:
-            result, report = shards.run(request, sizes)
+            result, report = shards.run(request, sizes, folders)
         else:
-            result = run(request)
+            result = run(request, folders)
     except (CompareInputError, DumpError, MappingError, ConfigError, ValueError) as err:
         if args.json:
             emit(json.dumps({"error": str(err), "exit_code": int(ExitCode.BAD_INPUT)}), out)

@@ -17,7 +17,7 @@ import sys
 from enum import IntEnum
 from typing import TextIO, Tuple
 
-from mf_celldump.config import IndexSelection
+from mf_celldump.userinput import IndexSelection
 
 ALL = "all"
 

@@ -15,12 +15,13 @@ import tempfile
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from mf_celldump.cli.conventions import ExitCode, bad_input
+from mf_celldump.errors import MappingError, ModelSpecError
 from mf_celldump.mapping.baseline_names import resolve_cells
 from mf_celldump.mapping.check import cells_with_classes, check_mapping, dump_cells
-from mf_celldump.mapping.entries import MappingError, format_mapping
+from mf_celldump.mapping.modes import format_mapping
 from mf_celldump.mapping.partners import find_partners, format_partners
 from mf_celldump.mapping.resolve import AUTO, bundled_classes, bundled_names, load_one, named_classes, resolve_mapping
-from mf_celldump.mapping.sample_networks import BUILTIN_MODELS, ModelSpecError, build_model
+from mf_celldump.mapping.sample_networks import BUILTIN_MODELS, build_model
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def run_check(args: argparse.Namespace, out=None) -> int:
     except MappingError as err:
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.FOUND
-    report = check_mapping(mapping, pairs)
+    report = check_mapping(mapping, pairs, whole_network=args.target is None)
     print(report.format(), file=out)
     classes = dict(pairs)
     partners = find_partners(resolve_cells(mapping, pairs), classes, baseline)
@@ -172,7 +173,8 @@ def _check_syntax(specs: Sequence[str], out) -> int:
             continue
         print(
             f"ok: {spec}: {len(mapping.classes)} class sections, {mapping.entry_count()} entries "
-            "(syntax only; add --model to match against a network)",
+            "(syntax only: class and cell names not checked; add --model NAME, or --target DUMP for a dump's "
+            "cells, to check them)",
             file=out,
         )
     return status

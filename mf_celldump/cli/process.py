@@ -14,7 +14,8 @@ import logging
 import sys
 
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
-from mf_celldump.config import ConfigError, resolve_jobs
+from mf_celldump.errors import ConfigError, ProcessingError, UnsafePathError
+from mf_celldump.userinput import resolve_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,6 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from mf_celldump.processing.driver import process_dump
-    from mf_celldump.processing.errors import ProcessingError, UnsafePathError
     from mf_celldump.processing.observer import ProgressObserver
 
     try:

@@ -11,10 +11,10 @@ import json
 import sys
 from typing import Any
 
-from mf_celldump.analysis.ranks import DEFAULT_OUTPUT, CheckRequest, CheckResult, RankCheckError, default_output, run
+from mf_celldump.analysis.replica_report import DEFAULT_OUTPUT, CheckRequest, CheckResult, default_output, run
 from mf_celldump.cli.conventions import ExitCode, add_selection_arguments, bad_input, parse_selection
-from mf_celldump.config import ConfigError
-from mf_celldump.ranks.groups import SYNTAX, ReplicaGroups, ReplicaSpecError
+from mf_celldump.errors import ConfigError, RankCheckError, ReplicaSpecError
+from mf_celldump.ranks.groups import SYNTAX, ReplicaGroups
 from mf_celldump.ranks.replicas import GRAD_MODES, CheckOptions
 
 

@@ -30,7 +30,8 @@ from typing import Any, Optional, Union
 
 from mindspore.train import Callback
 
-from mf_celldump.config import ConfigError, DumpConfig
+from mf_celldump.config import DumpConfig
+from mf_celldump.errors import ConfigError
 from mf_celldump.fsutil import writable_dir_problem
 from mf_celldump.integrations.compile_hook import ModelCompileHook
 from mf_celldump.integrations.mindformers2 import MindFormers2Adapter

@@ -93,7 +93,7 @@ def process_captured(dump, steps: Optional[Sequence[int]] = None, observer=None,
     writes after the fact are waited for first (up to ``timeout``).
     """
     from mf_celldump.processing.driver import process_dump
-    from mf_celldump.processing.report import ProcessingReport
+    from mf_celldump.processing.outcome import ProcessingReport
 
     silent = _writes_nothing(dump)
     if silent is not None:  # legal configuration: say so instead of "no dump here"

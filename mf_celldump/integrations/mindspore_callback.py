@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from mf_celldump.capture.selection import unwrap
-from mf_celldump.capture.wrappers import WrapperError
-from mf_celldump.errors import AttachError
+from mf_celldump.errors import AttachError, WrapperError
 from mf_celldump.integrations.rerun import StepRerun, StepSnapshot
 from mf_celldump.integrations.run import TrainingRun
 from mf_celldump.integrations.watching import signals_from_outputs, stopping_callbacks_before

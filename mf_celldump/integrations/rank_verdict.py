@@ -1,7 +1,7 @@
 """The verdict across ranks at train end, with no shared file system: rank 0 logs one line per captured step.
 
 Each rank's processing reduces every captured step to its rank summary (kilobytes, made by
-the processing worker beside training, ``ranks.summary``); the summary goes to rank 0's
+the processing worker beside training, ``ranks.rank_summary``); the summary goes to rank 0's
 store (``rank_exchange``) from a thread of its own as soon as it exists. When training
 ends each rank posts which steps it summarised. Rank 0 waits for those posts at most
 ``rank_verdict_timeout`` seconds after its own processing finished, then checks the
@@ -25,10 +25,10 @@ import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from mf_celldump.config import DumpConfig
+from mf_celldump.errors import AttachError, ExchangeError, SummaryError
 from mf_celldump.integrations import rank_exchange
-from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks
-from mf_celldump.ranks.summary import SummaryError, from_bytes, from_json
-from mf_celldump.ranks.verdict import step_line
+from mf_celldump.ranks.rank_summary import from_bytes, from_json
+from mf_celldump.ranks.replicas import CheckOptions, ReplicaChecks, step_line
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class RankVerdict:
         if RankVerdict.wanted(config):
             problem = RankVerdict.problem(config)
             if problem:
-                raise _refusal(problem)
+                raise AttachError(problem)
 
     @classmethod
     def start(cls, config: DumpConfig, rank: int, run_tag: int) -> Optional[RankVerdict]:
@@ -175,17 +175,17 @@ class RankVerdict:
             try:
                 self._server = rank_exchange.StoreServer.start(self.world, self.config.rank_verdict_port)
                 served = self._server.address
-            except rank_exchange.ExchangeError as err:  # the other ranks still need port 0 from us
+            except ExchangeError as err:  # the other ranks still need port 0 from us
                 reason = str(err)
         try:
             self.address = rank_exchange.share_address(self.rank, served)
         except Exception as err:  # noqa: BLE001
             self.close()
-            raise _refusal(f"rank_verdict: the store address could not be shared across ranks "
+            raise AttachError(f"rank_verdict: the store address could not be shared across ranks "
                               f"({type(err).__name__}: {err}); set rank_verdict: false") from None
         if self.address is None:
             self.close()
-            raise _refusal(f"rank_verdict: rank 0 could not serve the verdict's store ({reason}); set "
+            raise AttachError(f"rank_verdict: rank 0 could not serve the verdict's store ({reason}); set "
                               f"rank_verdict_port to a free port that the other nodes may reach, or rank_verdict: "
                               f"false")
         if self.rank != 0:
@@ -286,13 +286,6 @@ class RankVerdict:
     @staticmethod
     def _fetch(store: rank_exchange.StoreServer, key: str) -> Optional[bytes]:
         return store.fetch(key)
-
-
-def _refusal(message: str) -> Exception:
-    """The attach refusal (imported late: the capture session pulls in MindSpore)."""
-    from mf_celldump.capture.session import AttachError
-
-    return AttachError(message)
 
 
 def _steps_of(payload: bytes) -> List[int]:

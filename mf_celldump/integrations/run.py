@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
+from mf_celldump.errors import AttachError
 from mf_celldump.integrations.background import BackgroundProcessor
 from mf_celldump.integrations.rank_verdict import RankVerdict, world_size
 from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
@@ -105,6 +106,7 @@ class TrainingRun:
         self.wait_timeout = wait_timeout
         self.written_later = False  # a step was handed over with a wait
         self.watching = StepWatch(config) if config.watch is not None else None  # the watch (docs/watch.md)
+        self.last_step: Optional[int] = None  # the last step that began, for the selected steps never reached
 
     @property
     def attached(self) -> bool:
@@ -115,7 +117,7 @@ class TrainingRun:
         """Attach to ``network`` unless this run already did; returns the handle."""
         if self.dump is not None:
             return self.dump
-        from mf_celldump.capture.session import AttachError, attach  # refuses a network that already has a dump
+        from mf_celldump.capture.session import attach  # late: the capture session pulls in MindSpore
 
         RankVerdict.check(self.config)  # a verdict asked for that cannot be served: refused before anything changes
         self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)
@@ -150,6 +152,7 @@ class TrainingRun:
     # -- steps -------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         if self.dump is not None and not self.finished:
+            self.last_step = step
             if self.watching is not None:
                 self.watching.before_step(self.dump, step)  # a rule fired at the step before: capture this one
             self._ended(self.dump.begin_step(step))
@@ -235,10 +238,21 @@ class TrainingRun:
         if self.dump.rank not in self.config.ranks:
             self.summary.notes.append(
                 f"rank {self.dump.rank} is not in ranks={self.config.ranks.describe()}: nothing captured")
+        elif not failed and self.last_step is not None and self.config.steps.spans:
+            self._note_unreached()
         remaining = [s for s in self.summary.captured_steps if s not in self.summary.processed_steps]
         if not self.config.process_on_train_end and remaining:
             self.summary.notes.append("process_on_train_end is false: run `mf-celldump process "
                                       f"{self.dump.dump_path}` to produce the msprobe layout")
+
+    def _note_unreached(self) -> None:
+        """Selected steps after the last one the run reached: named, so that nobody looks for them in the
+        raw data (``process`` cannot make a step that never ran)."""
+        unreached = self.config.steps.from_value(self.last_step + 1, 6)
+        if unreached:
+            shown = ",".join(str(s) for s in unreached[:5]) + (",..." if len(unreached) > 5 else "")
+            self.summary.notes.append(f"selected step{'s' if len(unreached) > 1 else ''} {shown} never reached: "
+                                      f"the run ended after step {self.last_step}")
 
     def _finish_processing(self) -> None:
         """Wait (up to ``process_timeout``) for the processor and fold what it did into the summary."""

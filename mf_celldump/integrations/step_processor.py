@@ -40,7 +40,7 @@ class StepProcessor(ABC):
     """Processes this rank's complete raw steps into msprobe's layout.
 
     With ``on_summary``, each processed step is also reduced to its rank summary
-    (``ranks.summary``, as JSON data) and handed to ``on_summary`` as soon as it is made,
+    (``ranks.rank_summary``, as JSON data) and handed to ``on_summary`` as soon as it is made,
     from whichever thread learns of it (never the training step).
     """
 

@@ -99,6 +99,26 @@ def describe_nonfinite(found: Mapping[str, Optional[int]]) -> str:
     return ", ".join(f"{n} {names[k]}" if n is not None else names[k] for k, n in found.items())
 
 
+def record_problem(record: Mapping[str, Any]) -> str:
+    """What makes a tensor record unreadable as one ("" when nothing): a shape that is not a list of whole
+    numbers, a statistic that is neither a number nor "inf"/"nan". Compare and anomalies both say so, by
+    name, rather than judge what they cannot read."""
+    shape = record.get("shape")
+    if shape is not None and whole_shape(record) is None:
+        return f"shape {_short(shape)} is not a list of whole numbers"
+    for key in STATS:
+        value = record.get(key)
+        if value is not None and number(value) is None:
+            return f"{key} {_short(value)} is not a number"
+    return ""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 50 else f"<{type(value).__name__} " \
+        f"of {len(value)} items>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def slot_anomaly(record: Dict[str, Any], max_abs: Optional[float]) -> Optional[str]:
     """``nan``, ``inf``, ``large`` or None, from a tensor record's statistics.
 

@@ -6,7 +6,7 @@
 """
 
 from mf_celldump.mapping.check import MappingReport, check_mapping, log_mapping_warnings
-from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError, merge
+from mf_celldump.mapping.modes import MODES, TOP_LAYER, ArgModes, LayerMapping, merge
 from mf_celldump.mapping.parser import load_mapping_file, parse_entry, parse_mapping_text
 from mf_celldump.mapping.resolve import (
     AUTO,
@@ -24,7 +24,6 @@ __all__ = [
     "TOP_LAYER",
     "ArgModes",
     "LayerMapping",
-    "MappingError",
     "MappingReport",
     "bundled_classes",
     "bundled_names",

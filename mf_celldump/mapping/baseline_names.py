@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from mf_celldump.mapping.entries import TOP_LAYER, ArgModes, LayerMapping
+from mf_celldump.mapping.modes import TOP_LAYER, ArgModes, LayerMapping
 
 # msprobe renames a section called "Cell" to TopLayer (its older name for the root).
 OLD_TOP_LAYER = "Cell"
@@ -44,10 +44,6 @@ class Resolution:
     baseline: str
     entry: Optional[ArgModes]  # the entry whose key ended at this cell (None: name kept)
     renamed_by: Tuple[ArgModes, ...]  # every entry used on the walk, root first
-
-    @property
-    def renamed(self) -> bool:
-        return bool(self.renamed_by)
 
 
 class MsprobeView:

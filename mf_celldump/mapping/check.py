@@ -15,10 +15,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Sequence, Set, Tuple
 
+from mf_celldump.errors import DumpError
 from mf_celldump.layout.naming import parse_entry_name
-from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
+from mf_celldump.layout.reader import DumpJson, find_rank_dumps
 from mf_celldump.mapping.baseline_names import NOT_DUMPED
-from mf_celldump.mapping.entries import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
+from mf_celldump.mapping.modes import MODE_OUT, TOP_LAYER, ArgModes, LayerMapping
 from mf_celldump.mapping.resolve import child_name, modes_for_network, named_classes
 
 # Containers are never called themselves and their items are numbered, which the
@@ -52,14 +53,21 @@ class UnmatchedEntry:
 
 @dataclass(frozen=True)
 class AbsentClass:
-    """A class section whose class does not occur in the network (harmless)."""
+    """A class section whose class no cell has: fine in a bundled file (it names the classes of a
+    whole family), a likely typo in a user's file, when the cells checked are the whole network's.
+
+    ``candidates`` are the classes present, for the did-you-mean, found only when described."""
 
     class_name: str
     entries: int
     sources: Tuple[str, ...]
+    bundled: bool = True
+    candidates: Sequence[str] = field(default=(), compare=False, repr=False)
 
     def describe(self) -> str:
-        return f"{self.class_name} ({self.entries} entries, from {', '.join(self.sources)})"
+        near = difflib.get_close_matches(self.class_name, list(self.candidates), n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return f"{self.class_name} ({self.entries} entries, from {', '.join(self.sources)}){hint}"
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,21 @@ class MappingReport:
     uncovered: List[UncoveredChild] = field(default_factory=list)
     cells_with_modes: int = 0
     cells_total: int = 0
+    classes_checked: bool = True  # the cells are a whole network's (not a dump's, which lacks excluded cells)
 
     @property
     def problems(self) -> List[UnmatchedEntry]:
         """Unmatched entries from user files: most likely typos or a different model."""
         return [item for item in self.unmatched if not item.entry.bundled]
+
+    @property
+    def absent_user_classes(self) -> List[AbsentClass]:
+        """Class sections of a user's file whose class no cell of the network has: most likely typos."""
+        return [item for item in self.absent_classes if not item.bundled] if self.classes_checked else []
+
+    @property
+    def problem_count(self) -> int:
+        return len(self.problems) + len(self.absent_user_classes)
 
     @property
     def bundled_unmatched(self) -> List[UnmatchedEntry]:
@@ -98,7 +116,7 @@ class MappingReport:
 
     @property
     def has_problems(self) -> bool:
-        return bool(self.problems)
+        return self.problem_count > 0
 
     def format(self) -> str:
         lines = [f"layer mapping from: {', '.join(self.sources) if self.sources else '(none)'}"]
@@ -108,34 +126,47 @@ class MappingReport:
         if self.bundled_unmatched:
             lines.append("bundled entries for model variants not present here (fine):")
             lines.extend(f"  {item.describe()}" for item in self.bundled_unmatched)
-        if self.absent_classes:
-            lines.append("class sections whose class does not occur in the network (ignored):")
-            lines.extend(f"  {item.describe()}" for item in self.absent_classes)
+        if self.absent_user_classes:
+            lines.append(f"PROBLEMS, class sections of your files whose class no cell has "
+                         f"({len(self.absent_user_classes)}):")
+            lines.extend(f"  {item.describe()}" for item in self.absent_user_classes)
+        ignored = [item for item in self.absent_classes if item not in self.absent_user_classes]
+        if ignored:
+            why = "(fine: bundled files name a whole family's classes)" if self.classes_checked else \
+                "(ignored: a dump lacks the cells it excluded)"
+            lines.append(f"class sections whose class does not occur here {why}:")
+            lines.extend(f"  {item.describe()}" for item in ignored)
         if self.uncovered:
             lines.append(f"children of mapped classes without an entry (dumped with mode '{MODE_OUT}'):")
             lines.extend(f"  {item.describe()}" for item in self.uncovered)
         lines.append(
             f"summary: {self.cells_with_modes} of {self.cells_total} cells get modes from the mapping; "
-            f"{_count(len(self.problems), 'problem')}"
+            f"{_count(self.problem_count, 'problem')}"
         )
         return "\n".join(lines)
 
 
-def check_mapping(mapping: LayerMapping, named_cells: Iterable[Tuple[str, Any]]) -> MappingReport:
-    """Check ``mapping`` against a network given as (name, class name) or (name, cell) pairs."""
+def check_mapping(mapping: LayerMapping, named_cells: Iterable[Tuple[str, Any]],
+                  whole_network: bool = True) -> MappingReport:
+    """Check ``mapping`` against a network given as (name, class name) or (name, cell) pairs.
+
+    ``whole_network`` False: the cells are a dump's (``--target``), which lacks the cells the dump
+    excluded, so a class none of them has is no problem."""
     pairs = named_classes(named_cells)
     names = sorted({name for name, _ in pairs})
     present = set(names)
     instances: Dict[str, List[str]] = {}
     for name, cls in pairs:
         instances.setdefault(cls, []).append(name)
-    report = MappingReport(sources=mapping.sources, cells_total=len(present))
+    report = MappingReport(sources=mapping.sources, cells_total=len(present), classes_checked=whole_network)
+    present_classes = sorted(instances)
 
     for cls, children in mapping.classes.items():
         if cls not in instances:
             if children:
                 sources = tuple(dict.fromkeys(m.source for m in children.values()))
-                report.absent_classes.append(AbsentClass(cls, len(children), sources))
+                bundled = all(m.bundled for m in children.values())
+                report.absent_classes.append(AbsentClass(cls, len(children), sources, bundled, present_classes))
             continue
         relative: List[str] = []
         for key, entry in children.items():
@@ -165,6 +196,8 @@ def log_mapping_warnings(report: MappingReport, log: logging.Logger) -> None:
     another model gives a summary, not a line per entry.
     """
     problems = report.problems
+    for item in report.absent_user_classes[:MAX_LOGGED]:
+        log.warning("layer mapping: class section %s: no cell of the network has this class", item.describe())
     for item in problems[:MAX_LOGGED]:
         log.warning("layer mapping: %s", item.describe())
     if len(problems) > MAX_LOGGED:
@@ -173,7 +206,8 @@ def log_mapping_warnings(report: MappingReport, log: logging.Logger) -> None:
                     len(problems))
     if log.isEnabledFor(logging.DEBUG):
         for what, items in (("(bundled variant, not present)", report.bundled_unmatched),
-                            ("class not in network", report.absent_classes), ("no entry for", report.uncovered)):
+                            ("class not in network", [c for c in report.absent_classes if c.bundled]),
+                            ("no entry for", report.uncovered)):
             for item in items[:MAX_LOGGED]:
                 log.debug("layer mapping: %s %s", what, item.describe())
             if len(items) > MAX_LOGGED:
@@ -183,7 +217,7 @@ def log_mapping_warnings(report: MappingReport, log: logging.Logger) -> None:
         report.cells_with_modes,
         report.cells_total,
         ", ".join(report.sources) if report.sources else "no mapping",
-        _count(len(report.problems), "problem"),
+        _count(report.problem_count, "problem"),
     )
 
 

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
 
-from mf_celldump.errors import MappingError
+from mf_celldump.errors import RuleError
 
 RuleValue = Union[str, Tuple[str, ...]]
 
@@ -96,10 +96,6 @@ class CompareRules:
         if index < len(self.inputs):
             return None if self.inputs[index] == "_" else self.inputs[index]
         return str(index)
-
-
-class RuleError(MappingError):
-    """A rule is unknown or has a bad value; the message says what is valid."""
 
 
 def check_rule(key: str, value: RuleValue) -> None:

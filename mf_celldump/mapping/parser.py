@@ -15,9 +15,10 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from mf_celldump.config import read_yaml_text, yaml_events
-from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleError, RuleValue, check_rule
-from mf_celldump.mapping.entries import MODES, TOP_LAYER, ArgModes, LayerMapping, MappingError
+from mf_celldump.errors import EntryError, MappingError, RuleError
+from mf_celldump.mapping.compare_rules import RULE_SYNTAX, RuleValue, check_rule
+from mf_celldump.mapping.modes import MODES, TOP_LAYER, ArgModes, LayerMapping
+from mf_celldump.userinput import read_yaml_text, yaml_events
 
 ENTRY_SYNTAX = (
     "benchName([input modes], [output modes]) with modes in, out or _ (e.g. linear_q([in], [out])), "
@@ -30,15 +31,6 @@ _RULE_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STR_TAG = "tag:yaml.org,2002:str"
 _INT_TAG = "tag:yaml.org,2002:int"
 _NULL_TAG = "tag:yaml.org,2002:null"
-
-
-class EntryError(MappingError):
-    """An entry string does not follow the entry syntax; ``reason`` says why."""
-
-    def __init__(self, reason: str, column: int):
-        super().__init__(f"column {column}: {reason}")
-        self.reason = reason
-        self.column = column
 
 
 class _Scanner:
@@ -64,6 +56,22 @@ class _Scanner:
             return None
         self.pos = match.end()
         return match.group(0)
+
+    def separator(self, close: str, where: str) -> bool:
+        """After an item of a list: True when ``close`` ends the list, False after a comma (both are
+        consumed); anything else fails, naming what was expected ``where`` (e.g. "in a mode list")."""
+        self.skip_ws()
+        char = self.peek()
+        if char in (",", close):
+            self.pos += 1
+            if char == ",":
+                self.skip_ws()
+            return char == close
+        if not char:
+            raise self.fail(f"unbalanced brackets: missing '{close}' at the end")
+        if char == ")":  # a mode list's ']' forgotten before the entry's ')'
+            raise self.fail(f"unbalanced brackets: missing '{close}' before ')'")
+        raise self.fail(f"unexpected {self.text[self.pos :]!r} {where}; expected ',' or '{close}'")
 
 
 EntryParts = Tuple[str, Tuple[str, ...], Tuple[str, ...], Tuple[Tuple[str, RuleValue], ...]]
@@ -100,18 +108,8 @@ def parse_entry_parts(text: str) -> EntryParts:
     else:
         while True:
             _parse_item(scan, lists, rules)
-            scan.skip_ws()
-            char = scan.peek()
-            if char == ",":
-                scan.pos += 1
-                scan.skip_ws()
-                continue
-            if char == ")":
-                scan.pos += 1
+            if scan.separator(")", "after a mode list"):
                 break
-            if not char:
-                raise scan.fail("unbalanced brackets: missing ')' at the end")
-            raise scan.fail(f"unexpected {scan.text[scan.pos :]!r} after a mode list; expected ',' or ')'")
     scan.skip_ws()
     if scan.peek():
         raise scan.fail(f"unexpected text {scan.text[scan.pos :]!r} after the closing ')'")
@@ -186,20 +184,8 @@ def _bracket_tokens(scan: _Scanner) -> List[Tuple[str, int]]:
                 raise scan.fail("unbalanced brackets: missing ']' at the end")
             raise scan.fail(f"expected a mode ({', '.join(MODES)}), found {scan.text[scan.pos :]!r}")
         tokens.append((token, column))
-        scan.skip_ws()
-        char = scan.peek()
-        if char == ",":
-            scan.pos += 1
-            scan.skip_ws()
-            continue
-        if char == "]":
-            scan.pos += 1
+        if scan.separator("]", "in a mode list"):
             return tokens
-        if not char:
-            raise scan.fail("unbalanced brackets: missing ']' at the end")
-        if char == ")":
-            raise scan.fail("unbalanced brackets: missing ']' before ')'")
-        raise scan.fail(f"unexpected {scan.text[scan.pos :]!r} in a mode list; expected ',' or ']'")
 
 
 def parse_entry(text: str, source: str = "", line: int = 0, bundled: bool = False) -> ArgModes:

@@ -15,7 +15,8 @@ import os
 from importlib import resources
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
-from mf_celldump.mapping.entries import ArgModes, LayerMapping, MappingError, merge
+from mf_celldump.errors import MappingError
+from mf_celldump.mapping.modes import ArgModes, LayerMapping, merge
 from mf_celldump.mapping.parser import load_mapping_file, parse_mapping_text
 
 logger = logging.getLogger(__name__)

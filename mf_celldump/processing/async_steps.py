@@ -19,8 +19,9 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 from tqdm import tqdm
 
+from mf_celldump.errors import ManifestError
 from mf_celldump.rawformat import markers, names
-from mf_celldump.rawformat.manifest import Manifest, ManifestError, load_manifest
+from mf_celldump.rawformat.manifest import Manifest, load_manifest
 
 logger = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ import tempfile
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import fsutil
-from mf_celldump.errors import CellDumpError
+from mf_celldump.errors import IndexFileError, UnsafePathError
 from mf_celldump.processing import msprobe_json
 from mf_celldump.processing.entries import Entry
 from mf_celldump.processing.entry_build import BodyOf
 from mf_celldump.processing.space import human
-from mf_celldump.rawformat.captured import Capture, LineOrigin
+from mf_celldump.rawformat.keys import Capture, LineOrigin
 from mf_celldump.rawformat.manifest import CellRecord
 from mf_celldump.rawformat.records import Interned, RecordsRead, decode_record, read_records_stream
 
@@ -52,10 +52,6 @@ _SCHEMA = (
     "CREATE INDEX entries_in_order ON entries(seq, ord, name)",
     "CREATE INDEX entries_by_cell ON entries(cell, name)",
 )
-
-class IndexFileError(CellDumpError, OSError):
-    """The index could not be written or read (a full disk, most often); the step's raw data is kept."""
-
 
 def _os_error(err: sqlite3.Error, path: str) -> OSError:
     full = "full" in str(err).lower()
@@ -223,6 +219,6 @@ def _usable(folder: str) -> bool:
     """Whether the index can go in ``folder`` (else the step says why it cannot record what it consumed there)."""
     try:
         fsutil.make_dir(folder)
-    except fsutil.UnsafePathError:
+    except UnsafePathError:
         return False
     return True

@@ -56,8 +56,7 @@ from collections import Counter
 from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.layout import naming
-from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import KIND_TENSOR, SLOT_ARG, SLOT_KWARG, SLOT_OUTPUT
+from mf_celldump.rawformat.keys import KIND_TENSOR, SLOT_ARG, SLOT_KWARG, SLOT_OUTPUT, Capture
 
 ShapeOf = Callable[[Capture], Optional[Tuple[int, ...]]]
 # What a capture holds, comparable between captures of one shape and dtype (a digest of its file, or its

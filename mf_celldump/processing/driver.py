@@ -12,24 +12,26 @@ import stat
 from typing import Iterable, List, Optional, Set, Tuple, Union
 
 from mf_celldump import fsutil
-from mf_celldump.config import IndexSelection, resolve_jobs, short_repr
-from mf_celldump.layout import naming
-from mf_celldump.processing import raw_cleanup, space
-from mf_celldump.processing.errors import (
+from mf_celldump.errors import (
     DumpNotFoundError,
     EmptyDumpError,
     ManifestError,
     NotACaptureDumpError,
     ProcessingError,
+    UnsafePathError,
+    short_repr,
 )
+from mf_celldump.layout import naming
+from mf_celldump.processing import raw_cleanup, space
 from mf_celldump.processing.existing_output import has_output, output_steps
 from mf_celldump.processing.observer import ProcessingObserver, ProgressObserver
-from mf_celldump.processing.report import ProcessingReport, ranges
+from mf_celldump.processing.outcome import ProcessingReport, ranges
 from mf_celldump.processing.step_transaction import RankContext, StepOutcome, process_step
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import manifest as raw_manifest
 from mf_celldump.rawformat import names
 from mf_celldump.rawformat.scan import StepSource, find_rank_dirs, find_steps
+from mf_celldump.userinput import IndexSelection, resolve_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ def _rank_contexts(root: str, rank_dirs, rank_filter: Optional[IndexSelection],
             continue
         try:
             manifest = raw_manifest.load_manifest(os.path.join(rank_dir, names.MANIFEST_FILE), root)
-        except raw_manifest.ManifestError as err:
+        except ManifestError as err:
             failures.append(f"rank {rank}: {err}; rank not processed")
             continue
         if manifest.rank != rank:
@@ -129,7 +131,7 @@ def _plan_rank(ctx: RankContext, step_filter, only_complete: bool, remove_raw: b
         os.path.join(ctx.root_real, naming.step_dir_name(step), ctx.out_rank_name, naming.TENSOR_DIR)]))
     try:
         raw_cleanup.clean_processed_dir(os.path.join(ctx.rank_dir, names.PROCESSED_DIR))
-    except fsutil.UnsafePathError:
+    except UnsafePathError:
         pass  # each step says so when it records what it consumed
     sources, problems = find_steps(ctx.root_real, ctx.rank_dir, ctx.manifest, report.warnings)
     report.problems.extend(f"rank {ctx.rank}: {p}" for p in problems)
@@ -199,7 +201,7 @@ def _lock_rank(ctx: RankContext, report: ProcessingReport) -> Optional[fsutil.Fo
             return lock
         report.problems.append(f"rank {ctx.rank}: another process is processing {ctx.rank_dir}; "
                                "run again when it has finished")
-    except fsutil.UnsafePathError as err:
+    except UnsafePathError as err:
         report.problems.append(f"rank {ctx.rank}: {err}; rank not processed")
     except OSError as err:
         report.problems.append(f"rank {ctx.rank}: " + space.os_problem(err, "cannot create the processing lock"))
@@ -221,7 +223,7 @@ def _plan(contexts: List[RankContext], locks: List[fsutil.FolderLock], step_filt
         locks.append(lock)
         try:
             chosen, found = _plan_rank(ctx, step_filter, only_complete, remove_raw, report)
-        except fsutil.UnsafePathError as err:
+        except UnsafePathError as err:
             report.problems.append(f"rank {ctx.rank}: {err}; rank not processed")
             continue
         except OSError as err:

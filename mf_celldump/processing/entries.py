@@ -10,8 +10,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.layout import naming
-from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import KIND_NONE, KIND_TENSOR, SLOT_ARG, SLOT_KWARG, SLOT_WEIGHT, SLOT_WEIGHT_GRAD
+from mf_celldump.rawformat.keys import (
+    KIND_NONE,
+    KIND_TENSOR,
+    SLOT_ARG,
+    SLOT_KWARG,
+    SLOT_WEIGHT,
+    SLOT_WEIGHT_GRAD,
+    Capture,
+)
 from mf_celldump.rawformat.manifest import CellRecord
 
 ShapeOf = Callable[[Capture], Optional[Tuple[int, ...]]]  # a capture's shape, None when unreadable

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple
 
 from mf_celldump import fsutil
+from mf_celldump.errors import UnsafePathError
 from mf_celldump.layout import naming
 from mf_celldump.processing import msprobe_json
 from mf_celldump.processing.consumer_parts import ContentOf, merge_consumer_parts
@@ -27,7 +28,7 @@ from mf_celldump.processing.entries import (
     implausible_calls,
     link_parents,
 )
-from mf_celldump.rawformat.captured import Capture
+from mf_celldump.rawformat.keys import Capture
 from mf_celldump.rawformat.manifest import CellRecord, Manifest
 
 BodyOf = Callable[[Entry], dict]  # an entry's dump.json body (msprobe_json.entry_json with the step's files)
@@ -124,7 +125,7 @@ def _usable_entries(manifest: Manifest, entries: List[Entry], problems: List[str
     for entry in entries:
         try:
             fsutil.check_component(entry.name)
-        except fsutil.UnsafePathError as err:
+        except UnsafePathError as err:
             problems.append(f"{manifest.path}: cell {entry.cell.cell_id}: {err}; its captures are skipped")
             continue
         gaps = msprobe_json.index_gap_problem(entry.captures)
@@ -146,7 +147,7 @@ def _name_captures(entry: Entry, problems: List[str], seconds: SecondCaptures) -
             continue
         try:
             capture.data_name = fsutil.check_component(msprobe_json.data_name_of(entry.name, io, label))
-        except fsutil.UnsafePathError as err:
+        except UnsafePathError as err:
             problems.append(f"{capture.origin}: {err}; not used")
             continue
         seen[(io, label)] = capture

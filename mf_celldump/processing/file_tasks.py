@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from mf_celldump.fsutil import UnsafePathError, link_or_copy, open_own_file
-from mf_celldump.processing.errors import NpyReadError
+from mf_celldump.errors import NpyReadError, UnsafePathError
+from mf_celldump.fsutil import link_or_copy, open_own_file
 from mf_celldump.processing.npystats import file_statistics, load_small
 from mf_celldump.processing.part_sums import sum_files
 from mf_celldump.rawformat.keys import KIND_NONE, KIND_TENSOR, scalar_of_kind

@@ -15,7 +15,6 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 from mf_celldump.dtypes import mindspore_dtype_name
 from mf_celldump.layout import naming
 from mf_celldump.processing.entries import Entry
-from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.keys import (
     KIND_NONE,
     KIND_TENSOR,
@@ -24,6 +23,7 @@ from mf_celldump.rawformat.keys import (
     SLOT_WEIGHT,
     SLOT_WEIGHT_GRAD,
     WEIGHT_SLOTS,
+    Capture,
 )
 from mf_celldump.rawformat.manifest import CellRecord
 
@@ -94,8 +94,11 @@ MAX_GAPS = 1024
 
 
 def index_gap_problem(captures: Iterable[Capture]) -> Optional[str]:
-    """Why the index paths of one entry's captures would need too many empty positions (None if fine)."""
+    """Why the index paths of one entry's captures cannot be nested (None if fine): one position both a
+    tensor and a list (``p0`` beside ``p0.0``: nesting would drop the tensor from dump.json), or too many
+    empty positions."""
     children: Dict[tuple, set] = {}
+    leaves: Dict[tuple, Capture] = {}
     for capture in captures:
         key = capture.key
         if key.slot in WEIGHT_SLOTS or (key.slot == SLOT_KWARG and key.msprobe_io == "output"):
@@ -103,13 +106,23 @@ def index_gap_problem(captures: Iterable[Capture]) -> Optional[str]:
         group, path = (key.msprobe_io, "kw", key.path[0]), key.path[1:]
         if key.slot != SLOT_KWARG:
             group, path = (key.msprobe_io,), key.path
+        leaves.setdefault(group + path, capture)
         for depth, index in enumerate(path):
             children.setdefault(group + path[:depth], set()).add(index)
+    for where, capture in leaves.items():
+        if where in children:
+            inner = next(c for w, c in leaves.items() if w[:len(where)] == where and len(w) > len(where))
+            return (f"{'.'.join(str(p) for p in where)} is both a tensor ({_origin(capture)}) and a list "
+                    f"({_origin(inner)}); one of the two names is wrong")
     for where, seen in children.items():
         if max(seen) + 1 - len(seen) > MAX_GAPS:
             return (f"index {max(seen)} under {'.'.join(str(p) for p in where)} would leave "
                     f"{max(seen) + 1 - len(seen)} empty positions (more than {MAX_GAPS}); corrupt index path?")
     return None
+
+
+def _origin(capture: Capture) -> str:
+    return capture.file or f"{capture.origin} seq {capture.seq}"
 
 
 def _nest(pairs: List[Tuple[Tuple[int, ...], object]]) -> list:

@@ -19,7 +19,7 @@ from typing import Dict, Iterable, Iterator, Optional, Tuple
 import numpy as np
 from numpy.lib import format as npformat
 
-from mf_celldump.processing.errors import NpyReadError
+from mf_celldump.errors import NpyReadError
 from mf_celldump.statistics import SUPPORTED_KINDS, StatsAccumulator
 
 CHUNK_BYTES = 8 << 20

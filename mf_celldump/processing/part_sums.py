@@ -15,8 +15,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from numpy.lib import format as npformat
 
+from mf_celldump.errors import NpyReadError
 from mf_celldump.fsutil import FILE_MODE, open_own_file
-from mf_celldump.processing.errors import NpyReadError
 from mf_celldump.processing.npystats import NpyHeader, read_header, stream_chunks
 from mf_celldump.statistics import StatsAccumulator
 

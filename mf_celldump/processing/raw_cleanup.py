@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from mf_celldump import fsutil
+from mf_celldump.errors import UnsafePathError
 from mf_celldump.rawformat import names
 from mf_celldump.rawformat.scan import is_ours
 
@@ -60,7 +61,7 @@ def output_links(*data_dirs: str) -> Links:
                         info = entry.stat(follow_symlinks=False)
                         key = (info.st_dev, info.st_ino)
                         links[key] = links.get(key, 0) + 1
-        except (FileNotFoundError, NotADirectoryError, fsutil.UnsafePathError):
+        except (FileNotFoundError, NotADirectoryError, UnsafePathError):
             continue
     return links
 

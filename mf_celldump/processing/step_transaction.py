@@ -24,7 +24,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from mf_celldump import fsutil
 from mf_celldump.dtypes import dtype_names
-from mf_celldump.errors import CellDumpError
+from mf_celldump.errors import CellDumpError, NpyReadError, UnsafePathError
 from mf_celldump.layout import naming
 from mf_celldump.layout.reader import output_run_id
 from mf_celldump.processing import msprobe_json, npystats, raw_cleanup, space
@@ -32,16 +32,14 @@ from mf_celldump.processing.capture_index import CaptureIndex, RecordsIndexer
 from mf_celldump.processing.consumer_parts import ContentOf
 from mf_celldump.processing.entries import Entry, ShapeOf
 from mf_celldump.processing.entry_build import BodyOf, EntryStore, HeldStore, build_step
-from mf_celldump.processing.errors import NpyReadError
 from mf_celldump.processing.existing_output import foreign_in_output, is_output, links_in_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
 from mf_celldump.processing.observer import ProcessingObserver
 from mf_celldump.processing.outcome import INCOMPLETE, StepOutcome, counted, entries_text
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import markers, names
-from mf_celldump.rawformat.captured import Capture
 from mf_celldump.rawformat.kbk_csv import captured_directions, read_statistic_csvs
-from mf_celldump.rawformat.keys import KIND_TENSOR
+from mf_celldump.rawformat.keys import KIND_TENSOR, Capture
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.scan import StepSource, list_step_files, step_folder_digest
 
@@ -122,7 +120,7 @@ def _shape_reader(ctx: RankContext, raw_dir: Optional[str], our_links: Dict[Tupl
             with fsutil.open_own_file(path, ctx.root_real, our_links) as handle:
                 # the header numpy writes is parsed without literal_eval when its first bytes are given
                 return tuple(npystats.read_header(handle, path, handle.read(_SHAPE_HEAD_BYTES)).shape)
-        except (OSError, ValueError, NpyReadError, fsutil.UnsafePathError):
+        except (OSError, ValueError, NpyReadError, UnsafePathError):
             return None
 
     return shape_of
@@ -145,7 +143,7 @@ def _content_reader(ctx: RankContext, raw_dir: Optional[str],
             with fsutil.open_own_file(path, ctx.root_real, our_links) as handle:
                 for chunk in iter(lambda: handle.read(_DIGEST_CHUNK), b""):
                     digest.update(chunk)
-        except (OSError, fsutil.UnsafePathError):
+        except (OSError, UnsafePathError):
             return None
         return digest.hexdigest()
 
@@ -454,7 +452,7 @@ def _check_same_run(ctx: RankContext, target: str) -> None:
 def _make_marker_dir(folder: str) -> None:
     try:
         fsutil.make_dir(folder)
-    except fsutil.UnsafePathError:
+    except UnsafePathError:
         raise StepProblem(f"{folder} is not a plain folder (a file, or a symlink); refused: what this step "
                           "consumed cannot be recorded there, so its output is written and its raw data kept (move "
                           "it away and run again)") from None

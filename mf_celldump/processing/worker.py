@@ -14,7 +14,7 @@ stdout  ``{"event": "ready", "pid", "startup_s", "policy", "nice", "mindspore_im
         ``stop`` arrived (the trainer is waiting and shows it);
         ``{"event": "result", "id", "steps", "seconds", "cpu_s", "report": {...}, "mindspore_imported",
         "summaries": [...]}`` (with ``summarize``: each processed step reduced to its rank summary,
-        ``mf_celldump.ranks.summary``, kilobytes, for the cross-rank verdict at train end);
+        ``mf_celldump.ranks.rank_summary``, kilobytes, for the cross-rank verdict at train end);
         ``{"event": "error", "id", "steps", "error"}`` when ``process_dump`` raised;
         ``{"event": "bad_request", "line", "error"}`` for a line that is not a valid request;
         ``{"event": "exit", "reason", "requests"}`` last.
@@ -46,9 +46,9 @@ _STARTED = time.monotonic()
 from mf_celldump.processing.async_steps import wait_for_steps  # noqa: E402  (folder listings only)
 from mf_celldump.processing.driver import process_dump  # noqa: E402  (numpy + yaml; no MindSpore)
 from mf_celldump.processing.observer import ProgressObserver  # noqa: E402
-from mf_celldump.processing.report import ProcessingReport  # noqa: E402
+from mf_celldump.processing.outcome import ProcessingReport  # noqa: E402
 from mf_celldump.processing.step_transaction import StepOutcome  # noqa: E402
-from mf_celldump.ranks.summary import RankSummary, summarize_entries, summarize_outputs  # noqa: E402  (no MindSpore)
+from mf_celldump.ranks.rank_summary import RankSummary, summarize_entries, summarize_outputs  # noqa: E402  (no MindSpore)
 
 logger = logging.getLogger(__name__)
 

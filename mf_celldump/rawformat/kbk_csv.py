@@ -25,11 +25,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from mf_celldump.config import short_repr
 from mf_celldump.dtypes import mindspore_dtype_name, numpy_dtype_name
+from mf_celldump.errors import short_repr
 from mf_celldump.fsutil import open_own_file
-from mf_celldump.rawformat.captured import Capture
-from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_TENSOR, scalar_of_kind
+from mf_celldump.rawformat.keys import BACKWARD, FORWARD, KIND_TENSOR, Capture, scalar_of_kind
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import RAW_ROOT, find_kbk_stem, parse_kbk_op_name
 from mf_celldump.statistics import StatValues, statistics_record

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from mf_celldump.config import DEFAULT_STATISTICS, STATISTICS, TASKS, short_repr
-from mf_celldump.errors import ManifestError
-from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
+from mf_celldump.errors import ManifestError, UnsafePathError, short_repr
+from mf_celldump.fsutil import atomic_write_json, read_json_inside
+from mf_celldump.statistics import DEFAULT_STATISTICS, STATISTICS, TASKS
 
 FORMAT = "mf_celldump-raw/3"
 MAX_MICRO_BATCHES = 1 << 20
@@ -139,24 +139,20 @@ def _require(data: dict, key: str, kind, path: str):
         raise ManifestError(f"{path}: missing key {key!r}; the file was not written by mf_celldump's capture")
     value = data[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ManifestError(f"{path}: key {key!r} has invalid value {_short(value)}")
+        raise ManifestError(f"{path}: key {key!r} has invalid value {short_repr(value)}")
     return value
-
-
-def _short(value: Any) -> str:
-    return short_repr(value)
 
 
 def _cell(raw: Any, path: str) -> CellRecord:
     if not isinstance(raw, dict):
-        raise ManifestError(f"{path}: each entry of 'cells' must be an object, got {_short(raw)}")
+        raise ManifestError(f"{path}: each entry of 'cells' must be an object, got {short_repr(raw)}")
     cell_id = _require(raw, "id", int, path)
     params = raw.get("params") or []
     if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
-        raise ManifestError(f"{path}: cell {cell_id} has invalid 'params' {_short(params)}")
+        raise ManifestError(f"{path}: cell {cell_id} has invalid 'params' {short_repr(params)}")
     weights = raw.get("weights") or []
     if not isinstance(weights, list) or not all(isinstance(w, str) and w for w in weights):
-        raise ManifestError(f"{path}: cell {cell_id} has invalid 'weights' {_short(weights)}")
+        raise ManifestError(f"{path}: cell {cell_id} has invalid 'weights' {short_repr(weights)}")
     line = raw.get("line")
     name = _require(raw, "name", str, path)
     if not name:
@@ -191,7 +187,7 @@ def _check_format(data: dict, path: str) -> None:
     version = data.get("format")
     if version != FORMAT:
         raise ManifestError(
-            f"{path}: raw format {_short(version)} is not one this mf_celldump reads (it reads {FORMAT!r} only); "
+            f"{path}: raw format {short_repr(version)} is not one this mf_celldump reads (it reads {FORMAT!r} only); "
             "process this dump with the mf_celldump version that captured it"
         )
 
@@ -199,19 +195,19 @@ def _check_format(data: dict, path: str) -> None:
 def _numbering(data: dict, path: str) -> Tuple[str, int]:
     numbering = data.get("step_numbering", NUMBERING_GLOBAL)
     if numbering not in STEP_NUMBERINGS:
-        raise ManifestError(f"{path}: invalid 'step_numbering' {_short(numbering)}; "
+        raise ManifestError(f"{path}: invalid 'step_numbering' {short_repr(numbering)}; "
                             f"valid: {', '.join(STEP_NUMBERINGS)}")
     base = data.get("graph_step_base", 0)
     # Negative when a second capture in one process starts at a graph step past its global step.
     if not isinstance(base, int) or isinstance(base, bool) or abs(base) > 10**15:
-        raise ManifestError(f"{path}: invalid 'graph_step_base' {_short(base)}")
+        raise ManifestError(f"{path}: invalid 'graph_step_base' {short_repr(base)}")
     return numbering, base
 
 
 def _completion(data: dict, path: str) -> str:
     completion = data.get("step_completion", COMPLETION_STEP_DONE)
     if completion not in STEP_COMPLETIONS:
-        raise ManifestError(f"{path}: invalid 'step_completion' {_short(completion)}; "
+        raise ManifestError(f"{path}: invalid 'step_completion' {short_repr(completion)}; "
                             f"valid: {', '.join(STEP_COMPLETIONS)}")
     return completion
 
@@ -219,7 +215,7 @@ def _completion(data: dict, path: str) -> str:
 def _micro_batches(data: dict, path: str) -> int:
     count = data.get("micro_batches", 1)
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_MICRO_BATCHES:
-        raise ManifestError(f"{path}: invalid 'micro_batches' {_short(count)}; expected an int from 1 to "
+        raise ManifestError(f"{path}: invalid 'micro_batches' {short_repr(count)}; expected an int from 1 to "
                             f"{MAX_MICRO_BATCHES}")
     return count
 
@@ -231,19 +227,20 @@ def manifest_from_json(data: Any, path: str) -> Manifest:
     _check_format(data, path)
     task = _require(data, "task", str, path)
     if task not in TASKS:
-        raise ManifestError(f"{path}: unknown task {_short(task)}; valid: {', '.join(TASKS)}")
+        raise ManifestError(f"{path}: unknown task {short_repr(task)}; valid: {', '.join(TASKS)}")
     stats = data.get("statistics") or list(DEFAULT_STATISTICS)
     if not isinstance(stats, list) or any(s not in STATISTICS for s in stats):
-        raise ManifestError(f"{path}: invalid 'statistics' {_short(stats)}; valid names: {', '.join(STATISTICS)}")
+        raise ManifestError(f"{path}: invalid 'statistics' {short_repr(stats)}; valid names: {', '.join(STATISTICS)}")
     numbering, base = _numbering(data, path)
     recorded = data.get("config")
     if isinstance(recorded, dict) and "task" in recorded and recorded["task"] != task:
         raise ManifestError(f"{path}: task {task!r} disagrees with the configuration it records (task "
-                            f"{_short(recorded['task'])}); the manifest was changed after capture: restore it (its "
+                            f"{short_repr(recorded['task'])}); the manifest was changed after capture: restore it (its "
                             "raw data is kept)")
     distributed = data.get("distributed", False)
     if not isinstance(distributed, bool):
-        raise ManifestError(f"{path}: key 'distributed' has invalid value {_short(distributed)}; valid: true or false")
+        raise ManifestError(f"{path}: key 'distributed' has invalid value {short_repr(distributed)}; valid: true or "
+                            "false")
     known = {"format", "run_id", "task", "statistics", "backend", "rank", "distributed", "step_numbering",
              "graph_step_base", "step_completion", "parameters", "micro_batches", "cells"}
     return Manifest(
@@ -285,5 +282,5 @@ def _read(path: str, root_real: str) -> Any:
     except UnsafePathError as err:
         raise ManifestError(str(err)) from None
     except (OSError, ValueError, RecursionError) as err:
-        raise ManifestError(f"{path}: unreadable ({_short(str(err))}); "
+        raise ManifestError(f"{path}: unreadable ({short_repr(str(err))}); "
                             "restore it from the training run's dump folder") from None

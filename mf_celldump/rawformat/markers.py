@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from mf_celldump.config import short_repr
-from mf_celldump.fsutil import UnsafePathError, atomic_write_json, read_json_inside
+from mf_celldump.errors import UnsafePathError, short_repr
+from mf_celldump.fsutil import atomic_write_json, read_json_inside
 from mf_celldump.rawformat import names
 from mf_celldump.rawformat.manifest import Manifest
 

@@ -21,7 +21,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol
 
-from mf_celldump.rawformat.captured import Capture, LineOrigin
 from mf_celldump.rawformat.keys import (
     DIRECTIONS,
     KIND_TENSOR,
@@ -29,6 +28,8 @@ from mf_celldump.rawformat.keys import (
     MAX_INDEX,
     MAX_PATH_DEPTH,
     SLOTS,
+    Capture,
+    LineOrigin,
     ProbeKey,
 )
 

@@ -18,7 +18,7 @@ from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from mf_celldump.fsutil import child, is_temp_name, open_own_file
 from mf_celldump.rawformat import markers, names
-from mf_celldump.rawformat.captured import Capture
+from mf_celldump.rawformat.keys import Capture
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.records import RecordsRead, read_records_stream
 
@@ -95,9 +95,28 @@ def find_rank_dirs(root_real: str, raw_root: str, problems: Optional[List[str]] 
             problems.append(f"{entry.path} is not a plain folder (a symlink?); refused")
             continue
         path = child(root_real, raw_root, entry.name)
+        if not _readable(path):  # else its manifest would seem absent, and the folder not ours
+            problems.append(f"{path} cannot be read (permission denied): rank {rank} is not processed; make it "
+                            "readable by this user (chmod u+rx), or run as the user that trained")
+            continue
         if os.path.lexists(os.path.join(path, names.MANIFEST_FILE)):  # a link is found, then refused by name
             found.append((rank, path))
     return sorted(found)
+
+
+def _readable(folder: str) -> bool:
+    """Whether the folder can be listed and its files looked at (what the file modes let this process do)."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                entry.is_dir(follow_symlinks=False)
+                break
+        os.stat(os.path.join(folder, names.MANIFEST_FILE), follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    except PermissionError:
+        return False
+    return True
 
 
 def _raw_step_folders(root_real: str, rank_dir: str, manifest: Manifest, steps: Dict[int, StepSource],

@@ -131,14 +131,14 @@ class Browser:
         raw, _, self._buffer = self._buffer.partition(b"\0")
         return json.loads(raw)
 
-    def open(self, url: str) -> Page:
+    def open(self, url: str, width: int = 1300, height: int = 1800) -> Page:
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, session)
         for domain in ("Runtime", "Log", "Page"):
             self.call(f"{domain}.enable", session=session)
         self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": 1300, "height": 1800, "deviceScaleFactor": 1, "mobile": False}, session=session)
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=session)
         self.call("Page.navigate", {"url": url}, session=session)
         page.wait_for_event("Page.loadEventFired")
         return page

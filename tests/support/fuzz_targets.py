@@ -23,6 +23,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mf_celldump.errors import ConfigError, MappingError, ProcessingError
+
 EXAMPLES = {"raw_tree": 200, "records": 400, "npy": 400, "kbk_csv": 250, "config": 600, "config_yaml": 300,
             "mapping": 600}
 COUNTS = dict.fromkeys(EXAMPLES, 0)
@@ -209,7 +211,6 @@ def _snapshot(folder):
 def raw_tree(items, remove_raw):
     """The scanner, records reader, npy reader and the whole processing on a random dump folder."""
     from mf_celldump.processing.driver import process_dump
-    from mf_celldump.processing.errors import ProcessingError
 
     COUNTS["raw_tree"] += 1
     work = tempfile.mkdtemp(prefix="fuzz-tree-")
@@ -312,7 +313,7 @@ config_values = st.one_of(json_values, st.sampled_from(["all", "0-5", "5-2", "0,
 @_settings("config")
 @given(st.dictionaries(st.one_of(st.sampled_from(CONFIG_KEYS), st.text(max_size=10)), config_values, max_size=6))
 def config(values):
-    from mf_celldump.config import ConfigError, DumpConfig
+    from mf_celldump.config import DumpConfig
 
     COUNTS["config"] += 1
     try:
@@ -333,7 +334,7 @@ yaml_fragments = st.sampled_from(["steps: ", "ranks: ", "task: ", "a: &a [1, 2]\
 @_settings("config_yaml")
 @given(st.lists(yaml_fragments | st.text(max_size=8), max_size=25).map("".join))
 def config_yaml(text):
-    from mf_celldump.config import ConfigError, DumpConfig
+    from mf_celldump.config import DumpConfig
 
     COUNTS["config_yaml"] += 1
     work = tempfile.mkdtemp(prefix="fuzz-yaml-")
@@ -359,7 +360,7 @@ mapping_fragments = st.sampled_from(["LLamaDecodeLayer:\n", "TopLayer:\n", "  at
 @given(st.one_of(st.lists(mapping_fragments | st.text(max_size=6), max_size=30).map("".join), st.text(max_size=200)))
 def mapping(text):
     """The layer-mapping parser (mf_celldump/mapping/parser.py), read-only here."""
-    from mf_celldump.mapping.entries import LayerMapping, MappingError
+    from mf_celldump.mapping.modes import LayerMapping
     from mf_celldump.mapping.parser import parse_entry, parse_mapping_text
 
     COUNTS["mapping"] += 1

@@ -14,6 +14,8 @@ benchmark; ``tests/support/mcore_cpu_patches.py`` loads them).
 
 ``train`` adds, for tests only:
 
+* ``--change-weights F``: a callback adds the changes listed in F (JSON) to chosen weight
+  elements at ``on_train_begin``, before step 0 runs (a weight changed by a size fixed in advance).
 * ``--initial-weights F``: a callback saves the model's parameters at ``on_train_begin``
   (before step 0), so ``check`` can rebuild the model with the weights step 0 ran with.
 * ``--ascend-named-tensordump``: ``ops.TensorDump`` is replaced by a stand-in that writes the
@@ -77,9 +79,51 @@ def _register_weight_saver(path: str) -> None:
     MindFormerRegister.register_cls(SaveInitialWeights, module_type=MindFormerModuleType.CALLBACK)
 
 
+def _ending_with(by_name: dict, ending: str) -> list:
+    """The weights named ``ending`` or ending with it, trying it without its leading parts too (a dump names
+    cells from the model the trainer wraps, and a parameter's name may start below or above it)."""
+    parts = ending.split(".")
+    tails = [".".join(parts[start:]) for start in range(len(parts) - 1)]
+    for tail in tails:  # the name itself first: the optimizer's moments (adam_m.NAME) end with it too
+        if tail in by_name:
+            return [by_name[tail]]
+    for tail in tails:
+        found = [p for name, p in by_name.items() if name.endswith("." + tail)]
+        if found:
+            return found
+    return []
+
+
+def _register_weight_changer(path: str) -> None:
+    """A callback that adds, before the first step, the changes of ``path`` (JSON: ``[[weight name ending,
+    [index...], delta], ...]``) to the network's weights; it fails on a name no weight ends with."""
+    import numpy as np
+    from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+    from mindspore import Tensor
+    from mindspore.train import Callback
+
+    with open(path, encoding="utf-8") as handle:
+        changes = json.load(handle)
+
+    class ChangeWeights(Callback):
+        def on_train_begin(self, run_context):
+            params = run_context.original_args().train_network.trainable_params()  # not the optimizer's state
+            by_name = {p.name: p for p in params}
+            for ending, index, delta in changes:
+                found = _ending_with(by_name, ending)
+                if len(found) != 1:
+                    raise RuntimeError(f"weight {ending!r}: {len(found)} weights end with it (of {sorted(by_name)})")
+                value = found[0].asnumpy().copy()
+                value[tuple(index)] += np.asarray(delta, value.dtype)
+                found[0].set_data(Tensor(value))
+
+    MindFormerRegister.register_cls(ChangeWeights, module_type=MindFormerModuleType.CALLBACK)
+
+
 def train(argv: List[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--initial-weights", default=None)
+    parser.add_argument("--change-weights", default=None, help="JSON [[weight name ending, index, delta], ...]")
     parser.add_argument("--ascend-named-tensordump", action="store_true")
     parser.add_argument("runner_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -93,16 +137,22 @@ def train(argv: List[str]) -> int:
         from tests.support.tensordump_standin import AscendNamedTensorDump
 
         ms.ops.TensorDump = AscendNamedTensorDump
+    first_callbacks = []
     if args.initial_weights:
         _register_weight_saver(os.path.abspath(args.initial_weights))
+        first_callbacks.append({"type": "SaveInitialWeights"})
+    if args.change_weights:
+        _register_weight_changer(os.path.abspath(args.change_weights))
+        first_callbacks.append({"type": "ChangeWeights"})
+    if first_callbacks:
         load_config = run_tiny_llama.load_config
 
-        def load_config_with_saver(ns):
+        def load_config_with_callbacks(ns):
             config = load_config(ns)
-            config.callbacks.insert(0, {"type": "SaveInitialWeights"})
+            config.callbacks[:0] = first_callbacks
             return config
 
-        run_tiny_llama.load_config = load_config_with_saver
+        run_tiny_llama.load_config = load_config_with_callbacks
     return run_tiny_llama.main(runner_args)
 
 

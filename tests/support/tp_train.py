@@ -14,7 +14,8 @@ column-parallel matmul, ``reduce_from_tp`` (AllReduce forward, identity backward
 row-parallel one. Every rank sees the same data.
 
 A fault multiplies the first row of a cell's weight by 1.05 on one rank during one step
-(restored when it ends).
+(restored when it ends). ``--lr`` sets the optimizer's learning rate; ``--other-batch K``
+draws the batch of step K from another seed (another batch, as a reshuffle gives).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def parse_args(argv=None):
     parser.add_argument("--dump-path", required=True)
     parser.add_argument("--dump", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--fault", action="append", default=[], metavar="rank=R:step=S:cell=C")
+    parser.add_argument("--lr", type=float, default=0.001)
+    parser.add_argument("--other-batch", type=int, default=None, metavar="STEP")
     return parser.parse_args(argv)
 
 
@@ -186,12 +189,15 @@ def build(rank: int, tp: int):
     return Net()
 
 
-def dataset(steps: int):
+def dataset(steps: int, other_batch=None):
     import mindspore.dataset as ds
 
     rng = np.random.default_rng(11)  # the same data on every rank
     x = rng.normal(size=(steps * BATCH, SEQ, HIDDEN)).astype(np.float32)
     y = rng.normal(size=(steps * BATCH, SEQ, 1)).astype(np.float32)
+    if other_batch is not None:
+        other = np.random.default_rng(12)
+        x[other_batch * BATCH:(other_batch + 1) * BATCH] = other.normal(size=(BATCH, SEQ, HIDDEN))
     return ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
 
 
@@ -246,9 +252,10 @@ def main(argv=None) -> int:
         key, _, value = item.partition("=")
         keys[key] = yaml.safe_load(value)
     net = build(rank, args.tp)
-    train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.001))
+    train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), args.lr))
     faults = [{k: (v if k == "cell" else int(v)) for k, v in (i.split("=") for i in f.split(":"))} for f in args.fault]
-    Model(train).train(1, dataset(args.steps), callbacks=[fault_callback(net, rank, faults), CellDumpCallback(**keys)],
+    callbacks = [fault_callback(net, rank, faults), CellDumpCallback(**keys)]
+    Model(train).train(1, dataset(args.steps, args.other_batch), callbacks=callbacks,
                        dataset_sink_mode=False)
     print(f"rank {rank} finished training", flush=True)
     return 0

@@ -12,33 +12,25 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from mf_celldump.analysis.compare import msprobe_rules, pairing, plot, verdicts
 from mf_celldump.analysis.compare.coverage import measure_coverage
 from mf_celldump.analysis.compare.pairing import PairOptions, UnitPairer, Warnings, load_unit
-from mf_celldump.analysis.compare.report import (
-    NONE,
-    PYTORCH,
-    CompareRequest,
-    CompareResult,
-    crc_summary,
-    first_divergence,
-    unit_counts,
-    weight_summary,
-    write_csv,
-)
+from mf_celldump.analysis.compare.report import crc_summary, first_divergence, unit_counts, weight_summary, write_csv
+from mf_celldump.analysis.compare.request import NONE, PYTORCH, CompareRequest, CompareResult, RankFolders
 from mf_celldump.analysis.compare.sources import RankFolder, Unit
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.workers import Workers
 from mf_celldump.errors import CompareInputError
-from mf_celldump.layout.reader import DumpError, RankDump, find_rank_dumps
+from mf_celldump.layout.reader import RankDump
 from mf_celldump.mapping import AUTO, LayerMapping, resolve_mapping
 from mf_celldump.mapping.baseline_names import MsprobeView
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CompareInputError", "CompareRequest", "CompareResult", "plan_units", "run"]
+__all__ = ["CompareInputError", "CompareRequest", "CompareResult", "choose_mapping", "plan_units", "run"]
+
 
 def plan_units(targets: Sequence[RankDump], baselines: Sequence[RankDump], request: CompareRequest):
     """Pair rank folders by step and rank (one folder on each side always pairs); (units, unpaired labels)."""
@@ -62,11 +54,15 @@ def _selected(dump: RankDump, request: CompareRequest) -> bool:
     return step_ok and (dump.rank or 0) in request.ranks
 
 
-def run(request: CompareRequest) -> CompareResult:
-    try:
-        targets, baselines = find_rank_dumps(request.target), find_rank_dumps(request.baseline)
-    except DumpError as err:
-        raise CompareInputError(str(err)) from None
+Findings = Callable[[CompareResult], None]
+
+
+def run(request: CompareRequest, folders: Optional[RankFolders] = None,
+        findings: Optional[Findings] = None) -> CompareResult:
+    """Compare ``folders`` (found from the request when not given); ``findings`` completes the result (the
+    launched rank of a merged side) before any report is written, so every output says the same."""
+    folders = folders or RankFolders.find(request)
+    targets, baselines = folders.target, folders.baseline
     units, unpaired = plan_units(targets, baselines, request)
     if not units:
         raise CompareInputError(
@@ -82,6 +78,8 @@ def run(request: CompareRequest) -> CompareResult:
         try:
             with Workers(request.jobs, preload=(pairing.__name__, plot.__name__)) as workers:
                 result = _compare(store, units, unpaired, request, workers)
+                if findings is not None:
+                    findings(result)
                 _write_reports(store, result, workers)
             return result
         finally:
@@ -111,7 +109,7 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
         if mapping is None:
             frameworks = (unit.target.framework, unit.baseline.framework)
             tasks = (unit.target.task, unit.baseline.task)
-            mapping = _mapping(request.mapping, set(loaded.classes.values()), frameworks)
+            mapping = choose_mapping(request.mapping, set(loaded.classes.values()), frameworks)
             view = MsprobeView(mapping)
         options = PairOptions(request.thresholds, request.qkv_groups, msprobe_rules.dump_mode(*tasks))
         UnitPairer(store, view, loaded.classes, unit, options, warnings).run(loaded, request.progress, workers)
@@ -134,7 +132,15 @@ def _compare(store: Store, units: List[Unit], unpaired: List[str], request: Comp
         weight_timing=verdicts.weight_timing(store),
         diverged_directions=[r[0] for r in store.query(
             "select distinct direction from pairs where kind = 'activation' and status = 'diverged'")],
+        **_precision_findings(store),
     )
+
+
+def _precision_findings(store: Store) -> dict:
+    """Where the dtype changes, and what a statistics dump cannot decide (``verdicts``)."""
+    first = first_divergence(store)
+    return {"dtype_change": verdicts.dtype_change(store),
+            "statistics_undecided": verdicts.statistics_undecided(store, first)}
 
 
 def _write_reports(store: Store, result: CompareResult, workers: Workers) -> None:
@@ -142,7 +148,8 @@ def _write_reports(store: Store, result: CompareResult, workers: Workers) -> Non
     request = result.request
     first = result.first
     step, rank = (first.step, first.rank) if first else (result.units[0]["step"], result.units[0]["rank"])
-    title = f"{request.target} vs {request.baseline} (step {'-' if step is None else step}, rank {rank})"
+    ranks = first.rank_text if first else f"rank {rank}"
+    title = f"{request.target} vs {request.baseline} (step {'-' if step is None else step}, {ranks})"
     plot_path = os.path.join(request.output, "compare_depth.png")
     plot_args = (plot_path, step, rank, first, title, request.thresholds)
     plotting = workers.submit(plot.plot_in_worker, store.path, *plot_args)
@@ -160,7 +167,7 @@ def _write_reports(store: Store, result: CompareResult, workers: Workers) -> Non
             os.chmod(path, 0o640)
 
 
-def _mapping(specs: Tuple[str, ...], classes: set, frameworks: Tuple[str, str]) -> LayerMapping:
+def choose_mapping(specs: Tuple[str, ...], classes: set, frameworks: Tuple[str, str]) -> LayerMapping:
     """``auto``: the bundled mappings for our classes when the frameworks differ, none otherwise."""
     if not specs or specs == (NONE,):
         return LayerMapping()

@@ -60,10 +60,6 @@ def page_chunks(data: Dict[str, Any]) -> Iterator[str]:
     yield after_rows + after_data
 
 
-def render_html(data: Dict[str, Any]) -> str:
-    return "".join(page_chunks(data))
-
-
 def write_html(path: str, data: Dict[str, Any]) -> None:
     """Write the page beside ``path`` and rename it into place (never seen half-written)."""
     partial = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.partial")

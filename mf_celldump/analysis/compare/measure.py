@@ -24,7 +24,8 @@ import numpy as np
 from mf_celldump.analysis.compare import metrics, tensors
 from mf_celldump.analysis.compare.sources import DumpSide
 from mf_celldump.analysis.compare.thresholds import Thresholds
-from mf_celldump.analysis.compare.transforms import NotComparable, Plan
+from mf_celldump.analysis.compare.transforms import Plan
+from mf_celldump.errors import NotComparable
 from mf_celldump.layout import stat_records
 
 TENSOR, STATISTICS = "tensor", "statistics"
@@ -67,6 +68,8 @@ def measure_pair(
         result = metrics.tensor_metrics(ours, theirs, limits, exact, noise)
         t_stats = stat_records.record_stats(record)
         b_stats = stat_records.array_stats(theirs) if plan.partial else stat_records.record_stats(base_record)
+        if not exact and not result.diverged:
+            _judge_statistics_too(result, t_stats, b_stats, ours.size, limits, noise)
         return Measured(result, TENSOR, t_stats, b_stats, crc)
     if plan.partial and theirs is None:
         raise NotComparable(
@@ -88,6 +91,20 @@ def measure_pair(
         if error:
             measured.notes.append(f"statistics only: {side} tensor unreadable: {error}")
     return measured
+
+
+def _judge_statistics_too(result: metrics.PairMetrics, t_stats, b_stats, elements: int, limits: Thresholds,
+                          noise: float) -> None:
+    """A pair whose statistics differ beyond their bound diverges on tensors too: a statistics dump of the same
+    runs calls it diverged, and both dumps must name the same first divergence (a weight update's Max moving by
+    more than the threshold while its norm-relative error stays below it)."""
+    if any(value is None for value in (*t_stats.values(), *b_stats.values())):
+        return
+    by_stats = metrics.stats_metrics(t_stats, b_stats, elements, limits, False, noise)
+    if by_stats.diverged:
+        result.diverged = True
+        result.stat_rel = by_stats.stat_rel
+        result.note = "; ".join(n for n in (result.note, "statistics differ beyond their bound") if n)
 
 
 def _read(side: DumpSide, record: Mapping[str, Any]):

@@ -33,7 +33,7 @@ from mf_celldump.dtypes import canonical_dtype, dtype_names
 from mf_celldump.errors import CompareInputError
 from mf_celldump.layout.naming import BACKWARD, FORWARD, PARAMETERS_GRAD, layer_of, parse_entry_name
 from mf_celldump.layout.slots import slot_record, tensor_slots, weight_records
-from mf_celldump.layout.stat_records import STATS, number, whole_shape
+from mf_celldump.layout.stat_records import record_problem, whole_shape
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import CompareRules, parse_rules
 
@@ -109,6 +109,8 @@ class LoadedUnit:
     classes: Dict[str, str] = field(default_factory=dict)
     target: UnitSize = field(default_factory=UnitSize)
     baseline: UnitSize = field(default_factory=UnitSize)
+    # our cell name -> its reductions (the noise bound's K), composite cells composed from their leaves
+    reductions: Dict[str, noise.Reductions] = field(default_factory=dict)
 
 
 def load_unit(store: Store, unit: Unit, warnings: Optional[Warnings] = None,
@@ -120,25 +122,37 @@ def load_unit(store: Store, unit: Unit, warnings: Optional[Warnings] = None,
     loaded = LoadedUnit()
     totals: Dict[Tuple[str, str], int] = {}
     base = _numbered(unit.baseline.entries(), None, totals, (warnings, f"baseline {unit.baseline.label}"))
-    store.add_base(row[:5] for row in _counted(base, loaded.baseline, 1, 4))
+    store.add_base(row[:5] for row in _counted(_noted(base, noise.Tracker()), loaded.baseline, 1, 4))
     store.add_base_totals(unit.step, unit.rank, totals)
     if workers is not None:
         workers.prepare(loaded.baseline.tensors, loaded.baseline.elements)
     ours = _numbered(unit.target.entries(), loaded.classes, None, (warnings, f"target {unit.target.label}"))
-    store.add_target(_counted(_with_depth(ours), loaded.target, 4, 7))
+    tracker = noise.Tracker()
+    store.add_target(_counted(_with_depth(ours, tracker), loaded.target, 4, 7))
     store.commit()
+    loaded.reductions = tracker.finish()
     return loaded
 
 
-def _with_depth(numbered):
+def _with_depth(numbered, tracker: Optional[noise.Tracker] = None):
     """Target entries as the store holds them, each with its depth (``noise.bound``'s D): how many times
-    the depth group changed, in execution order, up to and including it."""
+    the depth group changed, in execution order, up to and including it; ``tracker`` leaves in each body
+    what its noise bound needs of the entries before it (``noise.Tracker``)."""
     depth, last = 0, None
     for pos, (cell, direction, ordinal, name, body, cls) in enumerate(numbered):
         layer = layer_of(cell)
         if layer != last:
             depth, last = depth + 1, layer
+        if tracker is not None:
+            tracker.see(cell, cls, direction, ordinal, depth, body)
         yield pos, name, cell, cls, direction, ordinal, depth, body
+
+
+def _noted(numbered, tracker: noise.Tracker):
+    """Baseline entries unchanged but for the floating dtypes computed in so far, left in each body."""
+    for row in numbered:
+        tracker.note_dtype(row[1], row[4])
+        yield row
 
 
 def _counted(rows, size: UnitSize, direction: int, body: int):
@@ -218,11 +232,13 @@ class UnitPairer:
         self._resolved: Dict[str, Tuple[str, CompareRules]] = {}
         self._groups: Dict[str, Optional[int]] = {}
         self._depth = 0  # the entry's depth (noise.bound's D)
-        self._scale = noise.EntryScale()
+        self._bodies: Tuple[Dict[str, Any], Optional[Dict[str, Any]]] = ({}, None)  # the entry's, both sides
+        self.reductions: Dict[str, noise.Reductions] = {}  # LoadedUnit.reductions
 
     def run(self, loaded: LoadedUnit, show_progress: bool = True, workers: Optional[Workers] = None) -> int:
         """Pair every target entry of the unit, in worker processes when they are worth it; the rows written."""
         total, count = loaded.target.entries, 0
+        self.reductions = loaded.reductions
         bar = tqdm(
             total=total,
             desc=f"compare {self.unit.folder}",
@@ -231,7 +247,7 @@ class UnitPairer:
             leave=False,
         )
         if workers is not None and workers.worth(loaded.target.tensors, loaded.target.elements):
-            task = PairTask(self.store.path, self.view, self.classes, self.unit, self.options)
+            task = PairTask(self.store.path, self.view, self.classes, self.unit, self.options, self.reductions)
             batches = workers.map(pair_in_worker, task, ranges(total, BATCH))
         else:
             batches = (self.pair_range(start, stop) for start, stop in ranges(total, BATCH))
@@ -268,7 +284,7 @@ class UnitPairer:
         base_cell, rules = self.resolve(cell, cls)
         found = self.store.base_entry(base_cell, direction, ordinal)
         layer = layer_of(cell)
-        self._scale = noise.entry_scale((body, found[1] if found else None), direction)
+        self._bodies = (body, found[1] if found else None)
         common = {
             "step": self.unit.step,
             "rank": self.unit.rank,
@@ -337,7 +353,7 @@ class UnitPairer:
         exact = limits == self.options.thresholds[EXACT]
         if plan.split is not None and plan.split.kind == "qkv":
             plan = transforms.Plan(plan.rules, plan.use_split, plan.use_act, plan.weight, self.qkv_groups(base_cell))
-        bound = noise.bound((row["dtype"], row["baseline_dtype"]), self._depth, self._scale)
+        bound = self.noise_bound(row, record, base_record)
         row["noise_bound"] = bound
         try:
             measured = measure_pair(self.unit.target, record, self.unit.baseline, base_record, plan, limits, exact,
@@ -345,6 +361,19 @@ class UnitPairer:
         except transforms.NotComparable as err:
             return dict(row, status="skipped", skip_class=NOT_COMPARABLE, reason=str(err))
         return _measured_row(row, measured, limits)
+
+    def noise_bound(self, row, record, base_record) -> float:
+        """The slot's rounding-noise bound (``noise``): its dtypes (and those one side computed in so far and
+        the other did not), its depth and the scale of what it depends on."""
+        body, base_body = self._bodies
+        cell = self.reductions.get(row["cell"])
+        if row["kind"] == WEIGHT_GRAD:
+            scale, depth = noise.weight_grad_scale(body, base_body, cell), self._depth
+        else:
+            scale, depth = noise.slot_scale(row["direction"], row["slot"], body, record, base_record, cell,
+                                            self.reductions, self._depth)
+        dtypes = (row["dtype"], row["baseline_dtype"], *noise.narrowest(body, base_body))
+        return noise.bound(dtypes, depth, scale)
 
     def malformed(self, row, record, base_record) -> str:
         """Why a pair's records are not what a dump holds ("" when they are), warned by name; a dtype no
@@ -392,28 +421,18 @@ class PairTask:
     classes: Dict[str, str]
     unit: Unit
     options: PairOptions
+    reductions: Dict[str, noise.Reductions] = field(default_factory=dict)
 
 
 def pair_in_worker(task: PairTask, start: int, stop: int) -> Tuple[List[Tuple[Any, ...]], Warnings]:
     """In a worker process: the rows and warnings of the entries at positions ``start`` to ``stop``."""
     store = Store.reader(task.store_path, ENTRIES)
     try:
-        return UnitPairer(store, task.view, task.classes, task.unit, task.options).pair_range(start, stop)
+        pairer = UnitPairer(store, task.view, task.classes, task.unit, task.options)
+        pairer.reductions = task.reductions
+        return pairer.pair_range(start, stop)
     finally:
         store.close()
-
-
-def record_problem(record: Dict[str, Any]) -> str:
-    """What makes a tensor record unreadable as one ("" when nothing): a shape that is not a list of whole
-    numbers, a statistic that is neither a number nor "inf"/"nan"."""
-    shape = record.get("shape")
-    if shape is not None and whole_shape(record) is None:
-        return f"shape {shape!r} is not a list of whole numbers"
-    for key in STATS:
-        value = record.get(key)
-        if value is not None and number(value) is None:
-            return f"{key} {value!r} is not a number"
-    return ""
 
 
 def _slots(direction: str, body: Dict[str, Any]):

@@ -8,7 +8,8 @@ from typing import Mapping, Optional, Tuple
 from mf_celldump.analysis.compare.report import Divergence, layer_table
 from mf_celldump.analysis.compare.store import PAIRS, Store
 from mf_celldump.analysis.compare.thresholds import Thresholds, thresholds_for
-from mf_celldump.analysis.extras import MissingExtra, pyplot
+from mf_celldump.analysis.extras import pyplot
+from mf_celldump.errors import MissingExtra
 from mf_celldump.layout.naming import DIRECTIONS
 
 FLOOR = 1e-12  # plotted instead of 0 on the log axis

@@ -15,15 +15,11 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-from mf_celldump.analysis.compare import thresholds
-from mf_celldump.analysis.compare.coverage import MIN_COVERAGE, Coverage
 from mf_celldump.analysis.compare.pairing import ACTIVATION, WEIGHT, WEIGHT_GRAD
 from mf_celldump.analysis.compare.store import Store
-from mf_celldump.config import IndexSelection
 from mf_celldump.layout.naming import FORWARD
-from mf_celldump.mapping import AUTO
 
 NEXT_COUNT = 5
 UPSTREAM_COUNT = 20
@@ -37,7 +33,19 @@ METRIC_KEYS = ("slot", "cosine", "max_abs_err", "max_rel_err", "rel_err", "stat_
 
 
 @dataclass
+class LaunchedRanks:
+    """The ranks, as launched, behind a divergence found in a merged tensor-parallel group."""
+
+    group: int  # the merged group's index (its merged rank folder is the divergence's ``folder``)
+    ranks: List[int]  # the ranks whose own part diverges; every rank of the group when none does alone
+    attributed: bool  # a rank's own part diverges (``shards.Attribution``)
+
+
+@dataclass
 class Divergence:
+    """``rank`` is the rank of the compared folder (the merged group's index when shards were merged, as the
+    pairs table holds it); ``launched`` names the ranks the user launched, which every output shows."""
+
     entry: str
     cell: str
     direction: str
@@ -53,6 +61,30 @@ class Divergence:
     inputs_differ: bool = False
     last_ok: Optional[str] = None
     upstream_unpaired: List[Dict[str, str]] = field(default_factory=list)
+    launched: Optional[LaunchedRanks] = None
+    data_differ: bool = False  # the cell's inputs are the model's inputs at the step, and they differ
+
+    @property
+    def ranks(self) -> List[int]:
+        """The launched ranks of the divergence: the folder's rank, or those ``launched`` names."""
+        return list(self.launched.ranks) if self.launched else [self.rank]
+
+    @property
+    def launched_rank(self) -> Optional[int]:
+        """The one launched rank (None when the divergence lies in a merged group and no rank's part diverges
+        alone: ``ranks`` then lists the group)."""
+        if self.launched is None:
+            return self.rank
+        return self.launched.ranks[0] if self.launched.attributed else None
+
+    @property
+    def rank_text(self) -> str:
+        """``rank 1``, ``ranks 0, 1``, ``ranks 0, 1 together`` (a merged group whose ranks no part tells apart)."""
+        ranks = self.ranks
+        if len(ranks) == 1:
+            return f"rank {ranks[0]}"
+        together = " together" if self.launched and not self.launched.attributed else ""
+        return f"ranks {', '.join(map(str, ranks))}{together}"
 
     @property
     def worst(self) -> Dict[str, Any]:
@@ -61,9 +93,21 @@ class Divergence:
         return ranked[0] if ranked else {}
 
     @property
+    def weights_differ(self) -> List[str]:
+        """The cell's own weights that differ (at the start of its step)."""
+        return [t["slot"] for t in self.tensors if t["kind"] == WEIGHT and t["status"] == "diverged"]
+
+    @property
     def cause_note(self) -> str:
-        """Where to look when the cell's own inputs already differ ("" when they do not)."""
+        """Where to look: the data, the weights the cell computes with, or upstream when its inputs already
+        differ ("" when none of them does)."""
+        if self.data_differ:
+            return (f"its inputs are the model's inputs at {_step_words(self.step)} and they already differ: the data "
+                    "differ (another batch, another shuffle or order of the dataset), not the code")
         if not self.inputs_differ:
+            if self.weights_differ:
+                return (f"it computes with weights that differ at the start of {_step_words(self.step)} "
+                        f"({', '.join(self.weights_differ)}), on inputs that agree")
             return ""
         what = "its inputs already differ" if self.direction == FORWARD else "the gradient it receives already differs"
         if self.upstream_unpaired:
@@ -79,7 +123,10 @@ class Divergence:
             "kind": self.kind,
             "direction": self.direction,
             "step": self.step,
-            "rank": self.rank,
+            "rank": self.launched_rank,
+            "ranks": self.ranks,
+            "rank_text": self.rank_text,
+            "group": self.launched.group if self.launched else None,
             "folder": self.folder,
             "baseline": self.baseline,
             "metrics": {key: self.worst.get(key) for key in METRIC_KEYS},
@@ -87,10 +134,16 @@ class Divergence:
             "parents": self.parents,
             "next": self.next,
             "inputs_differ": self.inputs_differ,
+            "data_differ": self.data_differ,
+            "weights_differ": self.weights_differ,
             "cause": self.cause_note,
             "last_ok": self.last_ok,
             "upstream_unpaired": self.upstream_unpaired,
         }
+
+
+def _step_words(step: Optional[int]) -> str:
+    return "the step" if step is None else f"step {step}"
 
 
 def _num(value, default):
@@ -119,10 +172,44 @@ def first_divergence(store: Store, kind: str = ACTIVATION) -> Optional[Divergenc
     found = Divergence(entry, cell, direction, step, rank, folder, pos, kind)
     _fill_tensors(store, found)
     if kind == ACTIVATION:
+        found = _computes_with_changed_weight(store, found)
+        found.data_differ = _model_inputs_differ(store, found)
         found.parents = parents(store, found)
         _fill_upstream(store, found)
         found.next = next_divergent(store, found)
     return found
+
+
+def _computes_with_changed_weight(store: Store, found: Divergence) -> Divergence:
+    """A cell whose inputs already differ, after a cell of the same forward pass that computes with a weight that
+    differs (its own outputs within thresholds): that earlier cell is where the step diverges."""
+    if found.direction != FORWARD or not found.inputs_differ:
+        return found
+    row = store.query(
+        "select pos, entry, cell from pairs where status = 'diverged' and kind = ? and step is ? and rank = ? "
+        "and direction = ? and pos < ? order by pos limit 1",
+        (WEIGHT, found.step, found.rank, FORWARD, found.pos),
+    )
+    if not row:
+        return found
+    pos, entry, cell = row[0]
+    earlier = Divergence(entry, cell, FORWARD, found.step, found.rank, found.folder, pos, ACTIVATION)
+    _fill_tensors(store, earlier)
+    return earlier
+
+
+def _model_inputs_differ(store: Store, found: Divergence) -> bool:
+    """The found cell's inputs differ and no cell but its ancestors runs before it in the step's forward pass:
+    its inputs are the model's, so the data differ."""
+    if found.direction != FORWARD or not found.inputs_differ:
+        return False
+    parts = found.cell.split(".")
+    ancestors = {".".join(parts[:size]) for size in range(1, len(parts))}
+    before = store.query(
+        "select distinct cell from pairs where step is ? and rank = ? and direction = ? and pos < ? limit ?",
+        (found.step, found.rank, FORWARD, found.pos, len(ancestors) + 1),
+    )
+    return all(cell in ancestors for (cell,) in before)
 
 
 def _fill_tensors(store: Store, found: Divergence) -> None:
@@ -336,88 +423,3 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_ready(v) for v in value]
     return json_number(value)
-
-
-NONE = "none"
-DEFAULT_OUTPUT = "compare_out"
-PYTORCH = "pytorch"
-
-# What a comparison concludes (the command turns it into an exit status).
-DIVERGED, WITHIN, LOW_COVERAGE, NOTHING = "diverged", "within thresholds", "too little compared", "nothing compared"
-COMMON_FACTOR = "common factor"  # every difference is one factor (clipping, a loss scale): neither clean nor diverged
-
-@dataclass
-class CompareRequest:
-    target: str
-    baseline: str
-    output: str = DEFAULT_OUTPUT
-    mapping: Tuple[str, ...] = (AUTO,)
-    steps: IndexSelection = field(default_factory=IndexSelection)
-    ranks: IndexSelection = field(default_factory=IndexSelection)
-    thresholds: Dict[str, thresholds.Thresholds] = field(
-        default_factory=lambda: dict(thresholds.DEFAULT_THRESHOLDS)
-    )
-    qkv_groups: Optional[int] = None
-    min_coverage: float = MIN_COVERAGE
-    progress: bool = True
-    html: bool = True
-    jobs: Optional[int] = 1  # processes pairing each unit; None: the CPUs available, for large units only
-
-
-@dataclass
-class CompareResult:
-    request: CompareRequest
-    units: List[Dict]
-    unpaired: List[str]
-    mapping_sources: Tuple[str, ...]
-    frameworks: Tuple[str, str]
-    tasks: Tuple[str, str]
-    first: Optional[Divergence]
-    weights: Dict[str, Any]
-    coverage: Coverage
-    crc: Dict[str, Any]
-    csv_path: str
-    plot_path: Optional[str] = None
-    plot_note: str = ""
-    html_path: Optional[str] = None
-    warnings: List[str] = field(default_factory=list)  # input read but not what a dump holds, named
-    factors: List[Dict[str, Any]] = field(default_factory=list)  # verdicts.common_factors
-    weight_timing: Dict[str, Any] = field(default_factory=dict)  # verdicts.weight_timing
-    diverged_directions: List[str] = field(default_factory=list)  # activation directions with a diverged pair
-
-    @property
-    def compared(self) -> int:
-        """Tensor pairs that were compared (within thresholds or not), every kind."""
-        return sum((unit["ok"] or 0) + (unit["diverged"] or 0) for unit in self.units)
-
-    @property
-    def weights_diverged(self) -> int:
-        return sum(self.weights[kind]["diverged"] for kind in self.weights)
-
-    def factor_of(self, kind: str, direction: Optional[str] = None) -> Optional[Dict[str, Any]]:
-        return next((f for f in self.factors if f["kind"] == kind and f["direction"] == direction), None)
-
-    @property
-    def explained_by_factors(self) -> bool:
-        """Every difference found is a common factor (weights differing only after the optimizer ran on
-        gradients that differed by one count as its consequence)."""
-        if any(self.factor_of(ACTIVATION, d) is None for d in self.diverged_directions):
-            return False
-        if self.weights.get(WEIGHT_GRAD, {}).get("diverged") and self.factor_of(WEIGHT_GRAD) is None:
-            return False
-        timing = self.weight_timing
-        late = timing.get("after_optimizer") and timing.get("gradients_differ_before")
-        return not (self.weights.get(WEIGHT, {}).get("diverged") and not late)
-
-    @property
-    def verdict(self) -> str:
-        if self.first is not None or self.weights_diverged:
-            return COMMON_FACTOR if self.factors and self.explained_by_factors else DIVERGED
-        if not self.compared:
-            return NOTHING
-        return WITHIN if self.coverage.enough else LOW_COVERAGE
-
-    @property
-    def swapped(self) -> bool:
-        """The target is a PyTorch dump and the baseline a MindSpore one: the arguments look reversed."""
-        return self.frameworks[0] == PYTORCH and self.frameworks[1] != PYTORCH

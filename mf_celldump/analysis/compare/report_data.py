@@ -18,21 +18,15 @@ from typing import Any, Dict, Iterator, List, Optional
 from mf_celldump import __version__
 from mf_celldump.analysis.compare.pairing import ACTIVATION
 from mf_celldump.analysis.compare.plot import dominant_limits
-from mf_celldump.analysis.compare.report import (
-    DIRECTION_ORDER,
-    UNIT_ORDER,
-    CompareResult,
-    json_number,
-    json_ready,
-    layer_table,
-)
+from mf_celldump.analysis.compare.report import DIRECTION_ORDER, UNIT_ORDER, json_number, json_ready, layer_table
+from mf_celldump.analysis.compare.request import CompareResult
 from mf_celldump.analysis.compare.store import Store
 from mf_celldump.analysis.compare.summary import crc_lines, header, weight_lines
 from mf_celldump.layout.naming import DIRECTIONS
 
 MAX_TABLE_ROWS = 20000
-TABLE_COLUMNS = (
-    "folder", "kind", "direction", "entry", "slot", "baseline_entry", "baseline_slot", "status", "basis",
+TABLE_COLUMNS = (  # status near the left: a 1280 px wide window shows it beside the long entry names
+    "status", "folder", "kind", "direction", "entry", "slot", "baseline_entry", "baseline_slot", "basis",
     "cosine", "rel_err", "max_abs_err", "max_rel_err", "stat_rel", "euc_dist", "one_thousandth_ratio",
     "five_thousandths_ratio", "crc_match", "msprobe_result", "baseline_transform", "dtype", "shape", "reason",
 )

@@ -38,7 +38,7 @@ import numpy as np
 
 from mf_celldump import fsutil
 from mf_celldump.analysis.compare import tensors
-from mf_celldump.errors import CompareInputError
+from mf_celldump.errors import ShardError
 from mf_celldump.layout.naming import (
     BACKWARD,
     DUMP_JSON,
@@ -68,10 +68,6 @@ _PLANS = {  # rule -> (forward input, forward output, grad w.r.t. output, grad w
     "copy": (SAME, SAME, PARTIAL, SAME, SAME),
 }
 _STAT_NAMES = {key: name for name, key in STAT_KEYS.items()}
-
-
-class ShardError(CompareInputError):
-    """Shards that cannot be put together as their rule says; the message names the entry, tensor and rule."""
 
 
 def plan(rule: str, direction: str, slot: str, ndim: int):

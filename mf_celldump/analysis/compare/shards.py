@@ -34,13 +34,14 @@ import numpy as np
 from mf_celldump.analysis.compare import engine, metrics, tensors, transforms
 from mf_celldump.analysis.compare import thresholds as thresholds_mod
 from mf_celldump.analysis.compare.pairing import map_slot
-from mf_celldump.analysis.compare.report import CompareRequest, CompareResult
+from mf_celldump.analysis.compare.report import LaunchedRanks
+from mf_celldump.analysis.compare.request import CompareRequest, CompareResult, RankFolders
 from mf_celldump.analysis.compare.shard_infer import Inference, infer_rules, other_shapes
-from mf_celldump.analysis.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, ShardError, plan
+from mf_celldump.analysis.compare.shard_merge import PARTIAL, SAME, Group, GroupMerger, MergeNotes, plan
 from mf_celldump.dtypes import canonical_dtype
-from mf_celldump.errors import CompareInputError
+from mf_celldump.errors import CompareInputError, DumpError, ShardError
 from mf_celldump.layout.naming import FORWARD, PARALLEL_KEY, parse_entry_name, parse_parameters_grad_name
-from mf_celldump.layout.reader import DumpError, DumpJson, RankDump, find_rank_dumps
+from mf_celldump.layout.reader import DumpJson, RankDump
 from mf_celldump.layout.slots import slot_record
 from mf_celldump.mapping.baseline_names import MsprobeView, type_lookup
 from mf_celldump.mapping.compare_rules import DEFAULT_SHARDS, CompareRules, parse_rules
@@ -167,11 +168,9 @@ class RuleBook:
 
 
 # -- merging -------------------------------------------------------------------------------------------
-def _groups(path: str, size: int, request: CompareRequest, out_root: str) -> Dict[Tuple[Optional[int], int], Group]:
-    try:
-        dumps = [d for d in find_rank_dumps(path) if d.step is None or d.step in request.steps]
-    except DumpError as err:
-        raise CompareInputError(str(err)) from None
+def _groups(found: List[RankDump], path: str, size: int, request: CompareRequest,
+            out_root: str) -> Dict[Tuple[Optional[int], int], Group]:
+    dumps = [d for d in found if d.step is None or d.step in request.steps]
     by_step: Dict[Optional[int], List[RankDump]] = {}
     for dump in dumps:
         by_step.setdefault(dump.step, []).append(dump)
@@ -192,13 +191,13 @@ def _groups(path: str, size: int, request: CompareRequest, out_root: str) -> Dic
     return groups
 
 
-def recorded_tp(path: str) -> int:
-    """The tensor-parallel size capture recorded in the dump's first ``dump.json`` (``PARALLEL_KEY``), when the
-    dump has several rank folders; 1 otherwise (or when the path cannot be read: the comparison says why)."""
+def recorded_tp(path: str, dumps: List[RankDump]) -> int:
+    """The tensor-parallel size capture recorded in the first ``dump.json`` (``PARALLEL_KEY``) of ``dumps`` (the
+    rank folders of ``path``), when they are several; 1 otherwise (or when it cannot be read: the comparison
+    says why)."""
+    if len({d.rank or 0 for d in dumps}) < 2:
+        return 1
     try:
-        dumps = find_rank_dumps(path)
-        if len({d.rank or 0 for d in dumps}) < 2:
-            return 1
         layout = DumpJson(dumps[0].dump_json).header.get(PARALLEL_KEY)
     except (DumpError, OSError):
         return 1
@@ -218,41 +217,38 @@ def _classes(dump: RankDump) -> Dict[str, str]:
     return classes
 
 
-def _first_folder(path: str) -> RankDump:
-    try:
-        return find_rank_dumps(path)[0]
-    except DumpError as err:
-        raise CompareInputError(str(err)) from None
-
-
-def rule_view(request: CompareRequest) -> MsprobeView:
+def rule_view(request: CompareRequest, folders: RankFolders) -> MsprobeView:
     """The layer mapping compare uses for this request (chosen from the target's classes), as msprobe reads it."""
-    target, baseline = _first_folder(request.target), _first_folder(request.baseline)
+    target, baseline = folders.target[0], folders.baseline[0]
     frameworks = (DumpJson(target.dump_json).framework, DumpJson(baseline.dump_json).framework)
-    return MsprobeView(engine._mapping(request.mapping, set(_classes(target).values()), frameworks))
+    return MsprobeView(engine.choose_mapping(request.mapping, set(_classes(target).values()), frameworks))
 
 
-def merge_side(side: Side, path: str, request: CompareRequest, view: MsprobeView, work: str,
-               other: Optional[str] = None) -> str:
-    """Merge every group of one side under ``work``; returns the merged dump root (or ``path`` as it is).
-    ``other``: the unsharded other side, whose shapes let the rules of cells no rule names be inferred."""
+def merge_side(side: Side, found: List[RankDump], path: str, request: CompareRequest, view: MsprobeView, work: str,
+               other: Optional[List[RankDump]] = None) -> Tuple[str, List[RankDump]]:
+    """Merge every group of one side (``found``: the rank folders of ``path``) under ``work``; returns the merged
+    dump root and its rank folders (or ``path`` and ``found`` as they are). ``other``: the rank folders of the
+    unsharded other side, whose shapes let the rules of cells no rule names be inferred."""
     root = os.path.join(work, side.name)
-    side.groups = _groups(path, side.size, request, root) if side.size > 1 else {}
-    first = next(iter(side.groups.values())).shards[0] if side.groups else _first_folder(path)
+    side.groups = _groups(found, path, side.size, request, root) if side.size > 1 else {}
+    first = next(iter(side.groups.values())).shards[0] if side.groups else found[0]
     side.rules = RuleBook(view, _classes(first))
     if side.size == 1:
-        return path
+        return path, found
     if other is not None:
         _infer(side, next(iter(side.groups.values())), other)
+    merged = []
     for group in side.groups.values():
         try:
-            GroupMerger(group, side.rules.rule_of, side.notes).run()
+            dump = GroupMerger(group, side.rules.rule_of, side.notes).run()
         except (ShardError, tensors.TensorFileError) as err:
             raise CompareInputError(str(err)) from None
-    return root
+        folder = f"rank{group.index}"  # the label the reader gives the folder: ``step1/rank0``
+        merged.append(dataclasses.replace(dump, label=folder if group.step is None else f"step{group.step}/{folder}"))
+    return root, merged
 
 
-def _infer(side: Side, group: Group, other: str) -> None:
+def _infer(side: Side, group: Group, other: List[RankDump]) -> None:
     """Rules for the cells no rule names, from the ranks' tensors of one group (every group runs the same
     cells) against the unsharded other side's shapes; the mapping's names lead the target's cells to the
     baseline's."""
@@ -264,7 +260,7 @@ def _infer(side: Side, group: Group, other: str) -> None:
         side.inference.note = (f"a statistics dump cannot show a cell's layout: {len(cells)} cell(s) without a rule "
                                "are merged as replicated (none); give their rules in a mapping file")
         return
-    dumps = [d for d in find_rank_dumps(other) if d.step in (group.step, None)] or find_rank_dumps(other)
+    dumps = [d for d in other if d.step in (group.step, None)] or other
     shapes = other_shapes(DumpJson(dumps[0].dump_json).entries())
     base_name = rules.baseline_name if side.name == "target" else (lambda cell: cell)
     side.inference = infer_rules(group, cells, shapes, base_name)
@@ -273,17 +269,20 @@ def _infer(side: Side, group: Group, other: str) -> None:
         logger.info("%s cell %s: shard=%s inferred from its ranks' tensors", side.name, cell, rule)
 
 
-def run(request: CompareRequest, sizes: ShardSizes) -> Tuple[CompareResult, ShardReport]:
-    """Merge, compare, check the merged shapes and name the ranks of the first divergence."""
+def run(request: CompareRequest, sizes: ShardSizes, folders: RankFolders) -> Tuple[CompareResult, ShardReport]:
+    """Merge, compare, name the ranks of the first divergence (before the reports are written: they name the
+    launched rank), then check the merged shapes. ``folders``: both sides' rank folders, found once."""
     report = ShardReport(Side("target", sizes.target), Side("baseline", sizes.baseline))
-    view = rule_view(request)
+    view = rule_view(request, folders)
     os.makedirs(request.output, mode=0o750, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".shards-", dir=request.output) as work:
-        target = merge_side(report.target, request.target, request, view, work,
-                            request.baseline if sizes.baseline == 1 else None)
-        baseline = merge_side(report.baseline, request.baseline, request, view, work,
-                              request.target if sizes.target == 1 else None)
-        result = engine.run(dataclasses.replace(request, target=target, baseline=baseline))
+        target, targets = merge_side(report.target, folders.target, request.target, request, view, work,
+                                     folders.baseline if sizes.baseline == 1 else None)
+        baseline, baselines = merge_side(report.baseline, folders.baseline, request.baseline, request, view, work,
+                                         folders.target if sizes.target == 1 else None)
+        attribution = Attribution(report, baselines, request.thresholds)
+        result = engine.run(dataclasses.replace(request, target=target, baseline=baseline),
+                            RankFolders(targets, baselines), attribution.complete)
         result.request = request
         try:
             _check_shapes(result, report)
@@ -292,7 +291,6 @@ def run(request: CompareRequest, sizes: ShardSizes) -> Tuple[CompareResult, Shar
             if not notes:
                 raise
             raise CompareInputError(f"{err}; {'; '.join(notes)}") from None
-        report.attribution = Attribution(report, baseline, request.thresholds).of(result)
     return result, report
 
 
@@ -330,10 +328,29 @@ def _shape_mismatches(csv_path: str) -> Iterator[Dict[str, str]]:
 class Attribution:
     """Which ranks' parts of the first divergent cell diverge from the baseline (tensor dumps)."""
 
-    def __init__(self, report: ShardReport, baseline_root: str, thresholds: Dict[str, thresholds_mod.Thresholds]):
+    def __init__(self, report: ShardReport, baselines: List[RankDump],
+                 thresholds: Dict[str, thresholds_mod.Thresholds]):
         self.report = report
-        self.baseline_root = baseline_root
+        self.baselines = baselines  # the rank folders compared as the baseline (merged when it is sharded)
         self.thresholds = thresholds
+
+    def complete(self, result: CompareResult) -> None:
+        """Name the ranks of the first divergence in the report and on the divergence itself: the rank the user
+        launched (``rank``, all of them in ``ranks``), the merged group's index apart (``group``); each compared
+        unit of a merged target gets the launched ranks of its group (``ranks``)."""
+        for unit in result.units:
+            group = self.report.target.groups.get((unit["step"], unit["rank"] or 0))
+            if group is not None:
+                unit["ranks"] = group.ranks
+        self.report.attribution = found = self.of(result)
+        first, side = result.first, self.report.target
+        if first is None or side.size == 1:
+            return
+        group = side.groups.get((first.step, first.rank or 0))
+        if group is None:
+            return
+        named = found["ranks"] if found else []
+        first.launched = LaunchedRanks(group=group.index, ranks=named or group.ranks, attributed=bool(named))
 
     def of(self, result: CompareResult) -> Optional[Dict[str, Any]]:
         first, side = result.first, self.report.target
@@ -355,7 +372,7 @@ class Attribution:
                 "evidence": evidence}
 
     def _baseline_folder(self, step, index) -> Optional[RankDump]:
-        dumps = find_rank_dumps(self.baseline_root)
+        dumps = self.baselines
         if len(dumps) == 1:
             return dumps[0]
         found = {(d.step, d.rank or 0): d for d in dumps}

@@ -11,15 +11,8 @@ from typing import Any, Dict, List, Optional
 
 from mf_celldump.analysis.compare.coverage import Coverage, Part
 from mf_celldump.analysis.compare.pairing import WEIGHT, WEIGHT_GRAD
-from mf_celldump.analysis.compare.report import (
-    COMMON_FACTOR,
-    DIVERGED,
-    LOW_COVERAGE,
-    NOTHING,
-    WITHIN,
-    CompareResult,
-    json_ready,
-)
+from mf_celldump.analysis.compare.report import json_ready
+from mf_celldump.analysis.compare.request import COMMON_FACTOR, DIVERGED, LOW_COVERAGE, NOTHING, WITHIN, CompareResult
 from mf_celldump.analysis.compare.verdicts import factor_text, per_step_text, steps_text
 
 REASON_LINES = 8
@@ -57,6 +50,8 @@ def to_json(result: CompareResult, code: int) -> dict:
         "weight_timing": result.weight_timing,
         "weights": result.weights,
         "crc": result.crc,
+        "dtype_change": result.dtype_change,
+        "statistics_undecided": result.statistics_undecided,
         "thresholds": {k: vars(v) for k, v in result.request.thresholds.items()},
         "output": result.request.output,
         "csv": result.csv_path,
@@ -87,10 +82,16 @@ def metric_text(item: Dict[str, Any]) -> str:
 
 
 def headline(result: CompareResult) -> str:
+    """The verdict in one line. Causes found across steps come first: an update that differs on values that
+    agree (the optimizer), then data that differ, then the first divergent cell."""
     verdict, first = result.verdict, result.first
+    causes = _causes(result) if verdict == DIVERGED else []
     if verdict == DIVERGED and first is not None and (not result.factors or first.direction not in [
             f["direction"] for f in result.factors]):
-        return (f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} rank {first.rank}): {first.entry}")
+        return "; ".join(causes + [f"FIRST DIVERGENCE ({first.direction}, step {_step(first.step)} "
+                                   f"{first.rank_text}): {first.entry}"])
+    if causes:
+        return "; ".join(causes + [_what_differs(result)])
     if verdict in (DIVERGED, COMMON_FACTOR):
         return _what_differs(result)
     if verdict == NOTHING:
@@ -100,6 +101,31 @@ def headline(result: CompareResult) -> str:
         return (f"NO VERDICT: too little compared ({short} of the comparable tensors; the minimum is "
                 f"{result.coverage.minimum:.0%}); {result.compared} compared pairs are within thresholds")
     return f"no divergence: all {result.compared} compared pairs are within thresholds"
+
+
+def _causes(result: CompareResult) -> List[str]:
+    """What differs before the first divergent cell computes: where the dtypes part, the update of a step, the
+    data."""
+    out = []
+    timing, first = result.weight_timing, result.first
+    if result.dtype_change:
+        out.append(dtype_text(result.dtype_change))
+    if timing.get("update_of") is not None:
+        out.append(update_text(timing))
+    if first is not None and first.data_differ:
+        out.append(f"DATA DIFFER at step {_step(first.step)}: the model's inputs differ (another batch, another "
+                   "shuffle or order of the dataset)")
+    return out
+
+
+def update_text(timing: Dict[str, Any]) -> str:
+    """``THE UPDATE OF STEP 0 DIFFERS: ...``: every value of step 0 agrees, weights differ when step 1 starts."""
+    step, start = timing["update_of"], timing["differ"][0]
+    at_start = next((s for s in timing["steps"] if s["step"] == start), {"ok": 0, "diverged": 0})
+    return (f"THE UPDATE OF STEP {step} DIFFERS: every compared value of {steps_text([step])} agrees and "
+            f"{at_start['diverged']} of {at_start['ok'] + at_start['diverged']} weights differ at the start of "
+            f"{steps_text([start])}: look at the optimizer (its settings, its state), the learning-rate schedule, "
+            "the loss scale")
 
 
 def _what_differs(result: CompareResult) -> str:
@@ -187,13 +213,14 @@ def format_summary(result: CompareResult) -> str:
     ]
     for unit in result.units:
         lines.append(
-            f"step {_step(unit['step'])} rank {unit['rank']} ({unit['folder']}): {unit['entries']} entries, "
+            f"step {_step(unit['step'])} {_unit_ranks(unit)} ({unit['folder']}): {unit['entries']} entries, "
             f"{unit['tensors']} tensors: "
             f"{unit['ok']} within thresholds, {unit['diverged']} diverged, {unit['skipped']} not compared"
         )
     if result.unpaired:
         lines.append(f"no baseline partner for: {', '.join(result.unpaired)}")
     lines.extend(coverage_lines(result.coverage))
+    lines.extend(precision_lines(result))
     lines.extend(_divergence_lines(result))
     lines.extend(weight_lines(result))
     lines.extend(crc_lines(result.crc))
@@ -205,6 +232,38 @@ def format_summary(result: CompareResult) -> str:
     if result.html_path:
         lines.append(f"report:   {result.html_path}")
     return "\n".join(lines)
+
+
+def _unit_ranks(unit: Dict[str, Any]) -> str:
+    """``rank 3``; a merged tensor-parallel group: ``ranks 0, 1 merged``."""
+    if unit.get("ranks"):
+        return f"ranks {', '.join(map(str, unit['ranks']))} merged"
+    return f"rank {unit['rank']}"
+
+
+def dtype_text(change: Dict[str, Any]) -> str:
+    """``DTYPE CHANGES first at ...``: the first pair whose two sides compute in different floating dtypes."""
+    return (f"DTYPE CHANGES first at {change['entry']} {change['slot']} (step {_step(change['step'])} rank "
+            f"{change['rank']}): {change['dtype']} against {change['baseline_dtype']}, {change['pairs']} pairs in "
+            f"all; values from there are judged with the narrower dtype's rounding noise")
+
+
+def precision_lines(result: CompareResult) -> List[str]:
+    """Said before the values: where the two runs' dtypes part (values are judged with the narrower one's noise
+    from there), and the pairs a statistics dump cannot decide."""
+    lines = []
+    if result.dtype_change and result.verdict != DIVERGED:  # a divergence's headline says it first
+        lines.append(dtype_text(result.dtype_change))
+    undecided = result.statistics_undecided
+    if undecided:
+        names = ", ".join(f"{item['entry']} {item['slot']}" for item in undecided["first"])
+        more = f" and {undecided['count'] - len(undecided['first'])} more" if undecided["count"] > len(
+            undecided["first"]) else ""
+        where = "before the first divergence" if result.first else "in all"
+        lines.append(
+            f"statistics cannot decide {undecided['count']} pairs {where}: their statistics differ, but within their "
+            f"bound; elements may differ there unseen (a tensor dump decides): {names}{more}")
+    return lines
 
 
 def coverage_lines(coverage: Coverage) -> List[str]:
@@ -240,7 +299,7 @@ def _part_text(part: Part) -> str:
 def _divergence_lines(result: CompareResult) -> List[str]:
     first = result.first
     if first is None:
-        return [headline(result)] if result.verdict != DIVERGED else []
+        return [headline(result)] if result.verdict != DIVERGED or _causes(result) else []
     lines = [headline(result), f"  baseline: {first.baseline or '-'}"]
     for tensor in first.tensors:
         mark = "DIVERGED" if tensor["status"] == "diverged" else "ok"
@@ -251,6 +310,7 @@ def _divergence_lines(result: CompareResult) -> List[str]:
         )
     if first.cause_note:
         lines.append(f"  note: {first.cause_note}")
+    if first.inputs_differ and not first.data_differ:
         if first.last_ok:
             lines.append(f"  last cell within thresholds before it: {first.last_ok}")
         lines.extend(f"  not compared in between: {u['name']} ({u['reason']})" for u in first.upstream_unpaired)

@@ -20,16 +20,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 from numpy.lib import format as npformat
 
-from mf_celldump.errors import DumpError
-
-
-class TensorFileError(DumpError):
-    """A tensor file is missing, outside the dump, or unreadable; the message names it, ``why`` says
-    what is wrong without the path (for counting alike failures together)."""
-
-    def __init__(self, path: str, why: str):
-        super().__init__(f"{path}: {why}")
-        self.why = why
+from mf_celldump.errors import TensorFileError
 
 
 class TensorFolder:

@@ -17,12 +17,8 @@ from typing import Optional
 
 import numpy as np
 
-from mf_celldump.errors import CellDumpError
+from mf_celldump.errors import NotComparable
 from mf_celldump.mapping.compare_rules import CompareRules, Split
-
-
-class NotComparable(CellDumpError, ValueError):
-    """The pair cannot be compared element by element; the message says why."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,16 @@
 * **When weights differ.** Each kind's pairs are counted per step. Weights that agree at the
   earliest compared step and differ later differ only after the optimizer has run: on
   gradients that differ when an earlier step's gradients differ, else in the optimizer
-  itself.
+  itself. When every compared value of the steps before (activations, weights, weight
+  gradients) agrees, the update of the last of them differs (``update_of``): its inputs
+  agree, so its settings, its state, the learning-rate schedule or the loss scale differ.
+  That is said before anything the changed weights compute later.
+* **Where the dtype changes.** The first pair, in execution order, whose two sides are
+  floating tensors of different dtypes (one run computes in float16 or bfloat16): said
+  before the values, which are judged with the narrower dtype's noise from there on.
+* **What a statistics dump cannot decide.** A pair compared on statistics whose statistics
+  differ, but by no more than their bound and thresholds, may hide elements that differ:
+  those before the first divergence (all of them when there is none) are listed.
 """
 
 from __future__ import annotations
@@ -99,10 +108,57 @@ def weight_timing(store: Store) -> Dict[str, Any]:
     steps, grads = per_step(store, WEIGHT), per_step(store, WEIGHT_GRAD)
     differ = [s["step"] for s in steps if s["diverged"]]
     out = {"steps": steps, "grad_steps": grads, "differ": differ, "after_optimizer": False,
-           "gradients_differ_before": False}
+           "gradients_differ_before": False, "update_of": None}
     if differ:
         out["after_optimizer"] = len(steps) > 1 and steps[0]["diverged"] == 0
         first_bad = differ[0] if differ[0] is not None else -1
         out["gradients_differ_before"] = any(g["diverged"] for g in grads
                                              if g["step"] is not None and g["step"] < first_bad)
+        if out["after_optimizer"] and differ[0] is not None:
+            out["update_of"] = update_of(store, differ[0])
     return out
+
+
+def update_of(store: Store, step: int) -> Optional[int]:
+    """The last compared step before ``step`` (where weights first differ) when every value compared before
+    ``step`` agrees: the update of that step differs. None otherwise."""
+    before, bad = store.query(
+        "select max(step), coalesce(sum(status = 'diverged'), 0) from pairs where step < ? and status != 'skipped'",
+        (step,))[0]
+    return before if before is not None and not bad else None
+
+
+UNIT_ORDER = "coalesce(step, -1), rank, case direction when 'forward' then 0 else 1 end, pos"
+UNDECIDED_SHOWN = 5
+
+
+def dtype_change(store: Store) -> Optional[Dict[str, Any]]:
+    """The first compared pair whose sides are floating tensors of different dtypes, with how many differ."""
+    where = ("status != 'skipped' and dtype != baseline_dtype and dtype like '%float%' "
+             "and baseline_dtype like '%float%'")
+    rows = store.query(f"select step, rank, entry, slot, dtype, baseline_dtype from pairs where {where} "
+                       f"order by {UNIT_ORDER} limit 1")
+    if not rows:
+        return None
+    step, rank, entry, slot, dtype, baseline_dtype = rows[0]
+    count = store.query(f"select count(*) from pairs where {where}")[0][0]
+    return {"step": step, "rank": rank, "entry": entry, "slot": slot, "dtype": dtype,
+            "baseline_dtype": baseline_dtype, "pairs": count}
+
+
+def statistics_undecided(store: Store, first: Optional[Any] = None) -> Optional[Dict[str, Any]]:
+    """Pairs compared on statistics that are within thresholds although their statistics differ (a statistics
+    dump cannot tell rounding there from a change its statistics do not show), before the first divergence."""
+    where = ("basis = 'statistics' and status = 'ok' and kind = 'activation' "
+             "and (max_diff != 0 or min_diff != 0 or mean_diff != 0 or norm_diff != 0)")
+    params: tuple = ()
+    if first is not None:
+        where += " and (coalesce(step, -1) < coalesce(?, -1) or (step is ? and rank = ? and pos < ?))"
+        params = (first.step, first.step, first.rank, first.pos)
+    count = store.query(f"select count(*) from pairs where {where}", params)[0][0]
+    if not count:
+        return None
+    shown = store.query(f"select step, rank, entry, slot, score from pairs where {where} order by {UNIT_ORDER} "
+                        f"limit {UNDECIDED_SHOWN}", params)
+    return {"count": count, "first": [{"step": r[0], "rank": r[1], "entry": r[2], "slot": r[3], "score": r[4]}
+                                      for r in shown]}

@@ -20,13 +20,10 @@ from mf_celldump.capture.backends.base import (
     PyNativeFace,
 )
 from mf_celldump.config import DumpConfig
-from mf_celldump.errors import BackendModeError, BackendSetupError
 
 __all__ = [
     "BackendChoice",
     "BackendContext",
-    "BackendModeError",
-    "BackendSetupError",
     "CaptureBackend",
     "GraphFace",
     "PyNativeFace",

@@ -14,8 +14,8 @@ import os
 from typing import List, MutableMapping, Tuple
 
 from mf_celldump.capture.backends.compile_backend import CompileBackend
-from mf_celldump.config import IndexSelection
 from mf_celldump.errors import BackendSetupError
+from mf_celldump.userinput import IndexSelection
 
 logger = logging.getLogger(__name__)
 

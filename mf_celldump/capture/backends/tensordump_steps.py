@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from mf_celldump.capture.backends.ascend_primitives import UNREACHABLE_STEP
-from mf_celldump.config import IndexSelection
 from mf_celldump.errors import BackendSetupError
+from mf_celldump.userinput import IndexSelection
 
 # _tensordump_set_step takes an explicit list: a selection like "0-100000000" cannot be passed.
 MAX_FILTER_STEPS = 100_000

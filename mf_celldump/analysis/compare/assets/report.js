@@ -89,7 +89,7 @@
     var f = D.first, s = section('first');
     if (!f) { s.appendChild(el('p', {id: 'first-text', text: 'No activation diverged.'})); return; }
     s.appendChild(el('p', {id: 'first-text'}, [el('b', {text: f.cell}), ' (' + f.direction + ', step ' +
-      (f.step === null ? '-' : f.step) + ', rank ' + f.rank + ', ' + f.folder + ')']));
+      (f.step === null ? '-' : f.step) + ', ' + f.rank_text + ', ' + f.folder + ')']));
     s.appendChild(el('div', {cls: 'mono', text: 'entry:    ' + f.name}));
     s.appendChild(el('div', {cls: 'mono', text: 'baseline: ' + (f.baseline || '-')}));
     if (f.cause) { s.appendChild(el('div', {cls: 'note', id: 'cause', text: f.cause})); }
@@ -151,7 +151,15 @@
     ['forward', 'backward'].forEach(function (dir) { s.appendChild(chartPanel(dir, L, series)); });
   }
   function chartPanel(dir, L, series) {
-    var W = 1200, H = 230, left = 110, right = 12, top = 14, bottom = 70, n = L.labels.length;
+    // Rotated x-axis labels need room below the axis and, for the first, left of it: from their length
+    // (about 6 px a character at font size 10), so none is clipped; a label is cut at 48 characters.
+    var n = L.labels.length, every = Math.max(1, Math.ceil(n / 40));
+    var names = L.labels.map(function (lab) { return lab.length > 48 ? lab.slice(0, 22) + '\u2026' + lab.slice(-25) : lab; });
+    var longest = names.reduce(function (m, lab) { return Math.max(m, lab.length); }, 0);
+    var W = 1200, right = 12, top = 14, bottom = Math.max(70, Math.ceil(longest * 6 * 0.643) + 24), left = 110;
+    var step = n > 1 ? (W - left - right) / (n - 1) : 0;
+    names.forEach(function (lab, i) { if (i % every === 0) { left = Math.max(left, Math.ceil(lab.length * 6 * 0.766 - i * step) + 8); } });
+    var H = 160 + bottom;
     var pts = L[dir] || [], lo = 1e-9, hi = 1;
     series.forEach(function (sr) { if (sr[3] > 0) { lo = Math.min(lo, sr[3] / 10); hi = Math.max(hi, sr[3]); }
       pts.forEach(function (r) { var v = num(sr[1](r)); if (v !== null && isFinite(v) && v > 0) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
@@ -166,7 +174,7 @@
     }
     var title = svg('text', {x: left, y: 11, 'font-size': 12, 'font-weight': 600}); title.textContent = dir; g.appendChild(title);
     var f = D.first;
-    if (f && f.direction === dir && f.step === D.chart.step && f.rank === D.chart.rank) {
+    if (f && f.direction === dir && f.step === D.chart.step && (f.group === null ? f.rank : f.group) === D.chart.rank) {
       var li = -1; L.labels.forEach(function (lab, i) { if (f.cell === lab || f.cell.indexOf(lab + '.') === 0) { li = i; } });
       if (li >= 0) { g.appendChild(svg('line', {x1: X(li), x2: X(li), y1: top, y2: H - bottom, stroke: '#c62828', 'stroke-dasharray': '5,3'}));
         var m = svg('text', {x: X(li) + 4, y: top + 10, 'font-size': 11, fill: '#c62828'}); m.textContent = 'first divergence: ' + f.cell; g.appendChild(m); }
@@ -180,10 +188,9 @@
         var tt = svg('title', {}); tt.textContent = r.layer + ': ' + sr[0] + ' ' + fmt(v); c.appendChild(tt); g.appendChild(c); });
       if (d) { g.appendChild(svg('path', {d: d, fill: 'none', stroke: sr[2], 'stroke-width': 1.2})); }
     });
-    var every = Math.max(1, Math.ceil(n / 40));
     L.labels.forEach(function (lab, i) { if (i % every) { return; }
-      var t = svg('text', {x: X(i), y: H - bottom + 12, 'font-size': 10, 'text-anchor': 'end', transform: 'rotate(-40 ' + X(i) + ',' + (H - bottom + 12) + ')'});
-      t.textContent = lab; g.appendChild(t); });
+      var t = svg('text', {x: X(i), y: H - bottom + 12, 'font-size': 10, 'text-anchor': 'end', 'class': 'xlabel', transform: 'rotate(-40 ' + X(i) + ',' + (H - bottom + 12) + ')'});
+      t.textContent = names[i]; var full = svg('title', {}); full.textContent = lab; t.appendChild(full); g.appendChild(t); });
     return g;
   }
 
@@ -211,7 +218,8 @@
     });
   }
 
-  var T = D.table, view = [], sortCol = 0, sortDir = 1, shown = 500;
+  // sortCol -1: the first order, diverged pairs first (the first divergence on top), each part in execution order
+  var T = D.table, view = [], sortCol = -1, sortDir = 1, shown = 500;
   var texts = T.rows.map(function (r) { return r.join(' ').toLowerCase(); });
   function cmp(a, b) {
     a = num(a); b = num(b);
@@ -219,6 +227,12 @@
     if (b === null || b === undefined || b === '') { return -1; }
     if (typeof a === 'number' && typeof b === 'number') { return sortDir * (a - b); }
     return sortDir * String(a).localeCompare(String(b));
+  }
+  var fi = T.columns.indexOf('folder'), ei = T.columns.indexOf('entry');
+  function firstRank(r) {  // the first divergence's diverged rows, then its others; other diverged pairs; the rest
+    var diverged = r[T.columns.indexOf('status')] === 'diverged';
+    if (D.first && r[ei] === D.first.name && r[fi] === D.first.folder) { return diverged ? 0 : 1; }
+    return diverged ? 2 : 3;
   }
   function applyFilter() {
     var words = document.getElementById('filter').value.toLowerCase().split(/\s+/).filter(Boolean);
@@ -231,7 +245,11 @@
       for (var w = 0; w < words.length; w++) { if (texts[i].indexOf(words[w]) < 0) { return; } }
       view.push(r);
     });
-    view.sort(function (a, b) { return cmp(a[sortCol], b[sortCol]); });
+    view.sort(function (a, b) {
+      if (sortCol >= 0) { return cmp(a[sortCol], b[sortCol]); }
+      var da = firstRank(a), db = firstRank(b);
+      return da !== db ? da - db : a[0] - b[0];
+    });
     shown = 500;
     renderRows();
   }

@@ -28,14 +28,13 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from mf_celldump.analysis.extras import MissingExtra, pyplot
-from mf_celldump.config import IndexSelection
-from mf_celldump.errors import RankCheckError
-from mf_celldump.layout.reader import DumpError, find_rank_dumps
+from mf_celldump.analysis.extras import pyplot
+from mf_celldump.errors import DumpError, MissingExtra, RankCheckError, SummaryError
+from mf_celldump.layout.reader import find_rank_dumps
 from mf_celldump.ranks.groups import ReplicaGroups
-from mf_celldump.ranks.replicas import MARK_ANOMALY, MARK_DEPARTURE, CheckOptions, GroupResult, ReplicaChecks
-from mf_celldump.ranks.summary import RankSummary, SummaryError, from_json, summarize
-from mf_celldump.ranks.verdict import step_line
+from mf_celldump.ranks.rank_summary import RankSummary, from_json, summarize
+from mf_celldump.ranks.replicas import MARK_ANOMALY, MARK_DEPARTURE, CheckOptions, GroupResult, ReplicaChecks, step_line
+from mf_celldump.userinput import IndexSelection
 
 logger = logging.getLogger(__name__)
 SUMMARY_SUFFIXES = (".jsonl.gz", ".jsonl")

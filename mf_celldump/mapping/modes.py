@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from mf_celldump.errors import MappingError as MappingError  # public: importable from here, as before
 from mf_celldump.mapping.compare_rules import CompareRules, RuleValue, format_rules, parse_rules
 
 MODE_IN = "in"
@@ -79,10 +78,6 @@ class LayerMapping:
     classes: Dict[str, Dict[str, ArgModes]] = field(default_factory=dict)
     top_layer: Dict[str, ArgModes] = field(default_factory=dict)
     sources: Tuple[str, ...] = ()
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.top_layer and not any(self.classes.values())
 
     def entry_count(self) -> int:
         return len(self.top_layer) + sum(len(children) for children in self.classes.values())

@@ -1,0 +1,8 @@
+"""``python -m mf_celldump``: the ``mf-celldump`` command, for a shell where the script is not on PATH."""
+
+import sys
+
+from mf_celldump.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
