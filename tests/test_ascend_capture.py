@@ -10,7 +10,9 @@ PyNative run of the same network with MindSpore's real TensorDump (verified on C
 from __future__ import annotations
 
 import json
+import logging
 import os
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -328,6 +330,21 @@ def test_mindspore_older_than_2_7_is_refused_at_attach(tmp_path, monkeypatch):
     with pytest.raises(AttachError, match=r"needs MindSpore 2\.7\.0 or later.*installed: MindSpore 2\.6\.0"):
         mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path)})
     assert not any(tmp_path.iterdir())
+
+
+def test_mindspore_2_11_attaches_with_the_untested_version_warning(tmp_path, monkeypatch, caplog):
+    """MindFormers 2.1 requires MindSpore 2.11: the requirement admits it, and attach warns that it is untested."""
+    import tomllib
+    from packaging.specifiers import SpecifierSet
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    requirement = next(r for r in pyproject["project"]["dependencies"] if r.startswith("mindspore"))
+    assert "2.11.0" in SpecifierSet(requirement[len("mindspore"):])
+    monkeypatch.setattr(ms, "__version__", "2.11.0")
+    with caplog.at_level(logging.WARNING, logger="mf_celldump"):
+        dump = mf_celldump.attach(cn.make_net(), {"dump_path": str(tmp_path)})
+    dump.detach()
+    assert "MindSpore 2.11.0 is newer than the newest version mf_celldump is tested with (2.10.x)" in caplog.text
 
 
 def test_statistics_under_jit_level_o2_are_refused(tmp_path, monkeypatch):

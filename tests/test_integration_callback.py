@@ -1,5 +1,5 @@
 """CellDumpCallback without MindFormers training: construction, the compile hook, step bookkeeping,
-registration, the MindFormers 2.0 callback protocol (stand-in), on a small real network.
+registration, the MindFormers 2.x callback protocol (stand-in), on a small real network.
 
 Training runs go in subprocesses (MindSpore's execution mode is per process).
 """
@@ -303,7 +303,7 @@ def test_without_the_hook_a_precompiled_forward_capture_captures_nothing(tmp_pat
 
 
 # ----------------------------------------------------------------------------------------
-# MindFormers 2.0 PyNative trainer: not installable here (needs hyper-parallel), so a
+# MindFormers 2.x PyNative trainer: not installable here (needs hyper-parallel), so a
 # stand-in calls the documented callback methods with the documented arguments.
 MF2_STANDIN = textwrap.dedent('''
     import json, sys
@@ -330,7 +330,7 @@ MF2_STANDIN = textwrap.dedent('''
     params = [p for c in chunks for p in c.trainable_params()]
     names_before = [p.name for p in params]
     optimizer = nn.SGD(params, 0.01)
-    args = {"output_dir": sys.argv[1]}
+    args = {"output_dir": "./output_dir_key"}   # 2.x's TrainConfig keeps the key and ignores it
     state = TrainerState(global_step=2, max_steps=5)   # resumed after 2 steps
     kw = dict(model=chunks, optimizer=optimizer, lr_scheduler=None, train_dataset=None, eval_dataset=None)
     cb = CellDumpCallback(steps="2-3", task="tensor", layer_mapping=None)
@@ -365,13 +365,49 @@ def test_mindformers2_callback_protocol_standin(tmp_path, chunks):
     script.write_text(MF2_STANDIN)
     out_dir = tmp_path / "mf2_output"
     proc = subprocess.run([PYTHON, str(script), str(out_dir), str(chunks)], cwd=tmp_path, timeout=300,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False,
+                          env=dict(os.environ, LOCAL_DEFAULT_PATH=str(out_dir)))  # MindFormers' output root
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("SUMMARY"))[8:])
     assert summary["processed"] == [2, 3]  # folders by global step of the resumed run
-    assert summary["path"] == str(out_dir / "celldump")  # args.output_dir + /celldump
+    assert summary["path"] == str(out_dir / "celldump")  # beside MindFormers' own output, not args.output_dir
+    assert not (tmp_path / "output_dir_key").exists()
     dump = out_dir / "celldump"
     prefix = "Cell.proj" if chunks == 1 else "Cell.chunk1.proj"
     assert f"{prefix}.Dense.forward.0" in _entries(dump, 3)
     assert f"{prefix}.Dense.backward.0" in _entries(dump, 2)
     assert not (dump / "step4").exists()
+
+
+def test_a_pipeline_stage_without_the_loss_gives_the_watch_no_loss(tmp_path, caplog):
+    """MindFormers 2.x passes ``loss`` 0.0 (or None) with ``has_last=False`` on a pipeline stage that is not
+    last: those zeros are no loss (none enters the spike history), and the rank says once that its loss is
+    not watched."""
+    import mindspore as ms
+
+    from mf_celldump import CellDumpCallback
+    from tests.support import capture_net as cn
+
+    cn.set_mode("pynative")
+    net = cn.make_net()
+
+    class State:
+        def __init__(self):
+            self.global_step, self.max_steps, self.skipped_steps = 0, 8, 0
+
+    state = State()
+    cb = CellDumpCallback(dump_path=str(tmp_path / "dump"), steps=[0], layer_mapping=None,
+                          watch={"loss_spike": 2.0, "spike_window": 2}, process_on_train_end=False)
+    cb.on_train_begin({}, state, model=[net])
+    with caplog.at_level("WARNING", logger="mf_celldump"):
+        for step, (loss, has_last) in enumerate([(1.0, True), (0.0, False), (0.0, False)]):
+            cb.on_step_begin({}, state, model=[net])
+            net(cn.make_input())
+            state.global_step = step + 1
+            cb.on_step_end({}, state, model=[net], loss=ms.Tensor(loss), grad_norm=1.0, has_last=has_last)
+        history = list(cb._run.watching.watch._losses)
+        cb.on_train_end({}, state)
+    assert history == [1.0], "a stage's 0.0 entered the loss history"
+    assert "pipeline stage without the loss" in caplog.text
+    assert caplog.text.count("pipeline stage without the loss") == 1
+    assert "loss_spike" not in caplog.text and state.max_steps == 8

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -198,3 +200,88 @@ def test_rank_with_a_huge_manifest_stops_no_other_rank(tmp_path):
     assert "PROCESSED [(1, 0)]" in proc.stdout
     assert "rank 0:" in proc.stdout and "rank not processed" in proc.stdout
     assert os.listdir(os.path.join(rank0(dump), "step0")), "rank 0's raw data is kept"
+
+
+# -- a run that raises: every step that ended is written whole, a partial step is named ------------
+
+RAISING_RUN = textwrap.dedent('''
+    import sys, time
+    import mindspore as ms
+    import mf_celldump
+    from mf_celldump.rawformat import npy_files
+    from tests.support import capture_net as cn
+
+    # The disk is slow: each tensor file takes 30 ms, so the raw writer is still busy with the steps that
+    # ended when the script raises (the process then ends with capture still attached, as on a trainer
+    # whose train-end event sits outside its try/finally).
+    slow_write = npy_files.NpyFileWriter.write
+    def write(self, path, chunks):
+        time.sleep(0.03)
+        return slow_write(self, path, chunks)
+    npy_files.NpyFileWriter.write = write
+
+    mode, dump_path, cut = sys.argv[1], sys.argv[2], sys.argv[3]
+    cn.set_mode(mode)
+    net = cn.train_one_step_cell(cn.make_net())
+    dump = mf_celldump.attach(net, {"dump_path": dump_path, "task": "tensor", "layer_mapping": None})
+    for step in range(2):
+        dump.begin_step(step)
+        net(cn.make_input())
+        dump.end_step()
+    if cut == "mid-step":
+        dump.begin_step(2)
+        net(cn.make_input())
+    raise RuntimeError("the data pipeline failed")
+''')
+
+
+def _raising_run(tmp_path, mode, cut):
+    script = tmp_path / "raising_run.py"
+    script.write_text(RAISING_RUN)
+    dump = tmp_path / "dump"
+    proc = subprocess.run([sys.executable, str(script), mode, str(dump), cut], cwd=REPO, timeout=600,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    assert proc.returncode == 1 and "RuntimeError: the data pipeline failed" in proc.stdout, proc.stdout[-4000:]
+    return proc.stdout, str(dump)
+
+
+def _process_cli(dump):
+    return subprocess.run([sys.executable, "-m", "mf_celldump.cli", "process", dump], cwd=REPO, timeout=600,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+
+
+def _entries(dump, step):
+    with open(os.path.join(dump, f"step{step}", "rank", fmt.DUMP_JSON), encoding="utf-8") as handle:
+        return json.load(handle)["data"]
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_a_run_that_raises_after_its_steps_ended_leaves_them_whole_and_says_what_to_run(tmp_path, mode):
+    out, dump = _raising_run(tmp_path, mode, "between-steps")
+    for step in (0, 1):
+        assert os.path.isfile(os.path.join(rank0(dump), f"step{step}", fmt.STEP_DONE_FILE)), out[-4000:]
+    assert "raw data of step(s) 0,1 written whole, no step left unfinished" in out
+    assert f"run `mf-celldump process {dump}`" in out
+    assert "raw capture writer failed" not in out
+    proc = _process_cli(dump)
+    assert proc.returncode == 0, proc.stdout
+    assert "INCOMPLETE" not in proc.stdout
+    step0, step1 = _entries(dump, 0), _entries(dump, 1)
+    assert sorted(step0) == sorted(step1) and len(step1) > 4
+    assert not os.path.exists(os.path.join(rank0(dump), "step1"))
+
+
+def test_a_step_cut_short_is_named_incomplete_with_its_counts_and_kept_raw(tmp_path):
+    out, dump = _raising_run(tmp_path, "pynative", "mid-step")
+    assert "step(s) 2 did not finish" in out
+    assert not os.path.exists(os.path.join(rank0(dump), "step2", fmt.STEP_DONE_FILE))
+    raw = sorted(os.listdir(os.path.join(rank0(dump), "step2")))
+    proc = _process_cli(dump)
+    assert proc.returncode == 1, proc.stdout  # problems found: never exit 0 over a partial step
+    line = [t for t in proc.stdout.splitlines() if "INCOMPLETE: step 2 rank 0" in t]
+    assert line and "entries (cell calls)" in line[0] and "it is not the whole step" in line[0], proc.stdout
+    assert sorted(os.listdir(os.path.join(rank0(dump), "step2"))) == raw, "the partial step's raw data is kept"
+    assert sorted(_entries(dump, 0)) == sorted(_entries(dump, 1))  # the whole steps are processed
+    assert not os.path.exists(os.path.join(rank0(dump), "step1"))
+    again = _process_cli(dump)  # and every run says so again
+    assert again.returncode == 1 and "INCOMPLETE: step 2 rank 0" in again.stdout

@@ -408,9 +408,15 @@ def test_selection_and_only_complete(dump):
     assert not os.path.exists(os.path.join(dump, "step0"))
     report = process_dump(dump, jobs=1)
     assert sorted(o.step for o in report.processed) == [0, 3]
-    assert not [o for o in report.processed if o.step == 3][0].complete
+    step3 = [o for o in report.processed if o.step == 3][0]
+    assert not step3.complete and not step3.raw_removed
+    # Never a partial step passed off as whole: named, with what it holds, its raw data kept, a problem.
+    assert not report.ok
+    assert [p for p in report.all_problems if "INCOMPLETE: step 3 rank 0" in p and "1 entry" in p]
     assert "no completion marker" in report.summary()
-    assert process_dump(dump, jobs=1).nothing_to_do
+    assert os.path.isdir(os.path.join(b.rank_dir, "step3"))
+    again = process_dump(dump, jobs=1)  # every run says so again; the complete steps are done
+    assert [o.step for o in again.processed] == [3] and not again.ok
 
 
 POOL_SCRIPT = """

@@ -298,15 +298,16 @@ def test_incomplete_step_still_being_written_keeps_raw(tmp_path):
     late = []
 
     def write_late_file(event):
-        if event == "marker" and not late:  # capture writes one more file meanwhile
+        if event == "output" and not late:  # capture writes one more file meanwhile
             s = builder.step(0)
             s.seq = 50_000
             late.append(s.tensor(0, fmt.BACKWARD, fmt.SLOT_ARG, (4,), np.ones(2, np.float32)))
 
     report = process_dump(dump, jobs=1, observer=EventRecorder(write_late_file))
-    assert report.ok and not report.processed[0].raw_removed
-    assert any("still being written" in w for w in report.processed[0].warnings)
+    assert not report.ok and not report.processed[0].raw_removed
+    assert "INCOMPLETE: step 0 rank 0" in report.all_problems[0]
     assert os.path.isfile(late[0])
+    builder.step(0).done(0)  # the capture finishes the step
     again = process_dump(dump, jobs=1)  # the new file is picked up, then raw goes
     assert [o.status for o in again.outcomes] == ["processed"] and again.processed[0].raw_removed
     data = read_output(dump, 0)["dump"]["data"]

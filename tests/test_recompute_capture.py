@@ -151,3 +151,38 @@ def test_pynative_recompute_set_after_attach_refuses_the_selected_step(tmp_path)
                                         r"\('split', 'split.proj'.*Turn recompute off"):
         dump.begin_step(1)
     dump.detach()
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_attach_refuses_cells_inside_a_checkpoint_wrapper_before_training(tmp_path, mode):
+    """MindFormers 2.x recomputes through hyper_parallel's CheckpointWrapper (the layer held as
+    ``_ckpt_wrapped_module``, run with ``mindspore.recompute``): under it a second forward would be recorded,
+    and select recompute crashed training with hooks inside. Attach refuses, naming the cells and wrapper, and
+    leaves the network as built: it trains."""
+    from mindspore import nn
+
+    class CheckpointWrapper(nn.Cell):
+        """Holds the wrapped cell as hyper_parallel's wrapper does (what attach finds it by)."""
+
+        def __init__(self, module):
+            super().__init__()
+            self._ckpt_wrapped_module = module
+
+        def construct(self, x):
+            return self._ckpt_wrapped_module(x)
+
+    cn.set_mode(mode)
+    net = cn.make_net()
+    net.split = CheckpointWrapper(net.split)
+    train = cn.train_one_step_cell(net)
+    with pytest.raises(AttachError) as caught:
+        mf_celldump.attach(train, {"dump_path": str(tmp_path), "task": "statistics", "steps": "0"})
+    message = str(caught.value)
+    assert "run inside hyper_parallel's CheckpointWrapper" in message and "wrappers: 'split'" in message
+    assert "'split._ckpt_wrapped_module.proj'" in message or "'split._ckpt_wrapped_module'" in message
+    assert "Stack input_args_info_stack_ is empty" in message and "recompute: {mode: None}" in message
+    assert find_attached(train) is None
+    assert train(cn.make_input()).asnumpy().shape == ()
+    dump = mf_celldump.attach(train, {"dump_path": str(tmp_path / "other"), "task": "statistics", "steps": "0",
+                                      "exclude": ["split", "split.*"]})
+    dump.detach()

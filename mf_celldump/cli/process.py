@@ -1,8 +1,10 @@
 """``mf-celldump process DUMP_PATH``: offline processing, e.g. of a run that crashed.
 
 Exit status: 0 all processed (or nothing to do), 1 processed with problems (their raw
-data is kept), 2 bad input (missing path, not a capture dump, bad --steps/--ranks, or
---steps/--ranks that match no step or rank of the dump).
+data is kept; a step the capture did not complete, e.g. the one a run died in, is one: its
+output holds what was written and is named INCOMPLETE with its counts), 2 bad input
+(missing path, not a capture dump, bad --steps/--ranks, or --steps/--ranks that match no
+step or rank of the dump).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ each translated by its adapter into the calls of one ``TrainingRun``:
 
 * MindSpore's (``Model.train``, MindFormers 1.x): ``on_train_begin(run_context)`` etc.
   (``mindspore_callback.MindSporeAdapter``);
-* MindFormers 2.0's PyNative trainer: ``on_train_begin(args, state, model=[chunks], ...)``,
+* MindFormers 2.x's PyNative trainer: ``on_train_begin(args, state, model=[chunks], ...)``,
   ``on_step_begin(args, state, ...)``, ``on_step_end(args, state, loss=..., ...)``
   (``mindformers2.MindFormers2Adapter``).
 
@@ -59,9 +59,9 @@ class CellDumpCallback(Callback):
         dump_path (str, optional): Folder for the raw capture (``_raw/``) and the processed
             dump (``step{N}/``). One folder holds one run: a folder holding another run's dump
             is refused before training; a resumed run continues its own. Default: ``None``,
-            meaning ``<output_dir>/celldump``, where ``output_dir`` is MindFormers 2.0's
-            trainer argument, else ``$LOCAL_DEFAULT_PATH`` (MindFormers sets it from the run
-            config's ``output_dir``), else ``./output``.
+            meaning ``<output root>/celldump`` beside MindFormers' own output: ``$LOCAL_DEFAULT_PATH``
+            (MindFormers 1.x sets it from the run config's ``output_dir``), else ``./output``.
+            MindFormers 2.x's PyNative trainer ignores a config's ``output_dir``, and so does this.
         task (str, optional): ``"statistics"`` (numbers only) or ``"tensor"`` (every value as
             a ``.npy`` file, plus statistics). Default: ``"statistics"``.
         data_mode (str, optional): ``"forward"``, ``"backward"`` or ``"all"``. Default: ``"all"``.
@@ -202,7 +202,7 @@ class CellDumpCallback(Callback):
             self._hook.remove()
             raise
 
-    # -- MindSpore's protocol, and MindFormers 2.0's under the same names -----------------
+    # -- MindSpore's protocol, and MindFormers 2.x's under the same names -----------------
     def on_train_begin(self, *args, **kwargs):
         if _is_mindspore_call(args, kwargs):
             self._mindspore.on_train_begin(self._fresh_run(), args[0])
@@ -224,7 +224,7 @@ class CellDumpCallback(Callback):
         self._finish(failed=exc_type is not None)
         return False
 
-    # MindFormers 2.0 PyNative trainer: the remaining events of its protocol.
+    # MindFormers 2.x PyNative trainer: the remaining events of its protocol.
     def on_step_begin(self, args=None, state=None, **kwargs):
         self._mindformers2.on_step_begin(self._run, args, state, **kwargs)
 
@@ -232,16 +232,16 @@ class CellDumpCallback(Callback):
         self._mindformers2.on_step_end(self._run, args, state, **kwargs)
 
     def on_begin(self, args=None, state=None, **kwargs):
-        """MindFormers 2.0 task start: nothing to do."""
+        """MindFormers 2.x task start: nothing to do."""
 
     def on_end(self, args=None, state=None, **kwargs):
         self._finish(failed=False)
 
     def on_epoch_begin(self, args=None, state=None, **kwargs):
-        """MindFormers 2.0 epoch start: steps carry the global step, nothing to do."""
+        """MindFormers 2.x epoch start: steps carry the global step, nothing to do."""
 
     def on_epoch_end(self, args=None, state=None, **kwargs):
-        """MindFormers 2.0 epoch end: nothing to do."""
+        """MindFormers 2.x epoch end: nothing to do."""
 
     def _finish(self, failed: bool) -> None:
         self._hook.remove()

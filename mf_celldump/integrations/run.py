@@ -77,7 +77,7 @@ class RunSummary:
             lines.append(f"  steps with no captured cell: {','.join(str(s) for s in self.empty_steps)}")
         if self.unfinished_step is not None:
             lines.append(f"  step {self.unfinished_step} did not finish: its raw data stays in {self.dump_path}/_raw "
-                         f"(`mf-celldump process {self.dump_path}` processes what is there)")
+                         f"(`mf-celldump process {self.dump_path}` writes what is there, named incomplete)")
         if self.processing.get("text"):
             lines.append(f"  processing: {self.processing['text']}")
         lines.extend(f"  note: {n}" for n in self.notes)

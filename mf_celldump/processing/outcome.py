@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
+INCOMPLETE = "INCOMPLETE"  # how the problem of a step the capture did not complete begins (the summary counts them)
+
 
 @dataclass
 class StepOutcome:
@@ -182,9 +184,15 @@ class ProcessingReport:
         if finished:
             lines.append(f"removed the raw data of {len(finished)} step folder(s) processed earlier")
         incomplete = [o for o in self.processed if not o.complete]
-        if incomplete:
-            lines.append(f"note: {len(incomplete)} processed step(s) had no completion marker (steps "
-                         f"{ranges(sorted({o.step for o in incomplete}))}): the run may have stopped mid-step")
+        named = [o for o in incomplete if any(p.startswith(INCOMPLETE) for p in o.problems)]
+        if named:
+            lines.append(f"{INCOMPLETE}: {len(named)} step folder(s) (steps {ranges(sorted({o.step for o in named}))}) "
+                         "hold only part of their step (no completion marker: the run stopped mid-step); their raw "
+                         "data is kept (see PROBLEMS)")
+        noted = [o for o in incomplete if o not in named]
+        if noted:
+            lines.append(f"note: {len(noted)} processed step(s) had no completion marker (steps "
+                         f"{ranges(sorted({o.step for o in noted}))}): the run may have stopped mid-step")
         return lines
 
 

@@ -35,7 +35,7 @@ from mf_celldump.processing.entry_build import BodyOf, EntryStore, HeldStore, bu
 from mf_celldump.processing.existing_output import foreign_in_output, is_output, links_in_output
 from mf_celldump.processing.file_tasks import FAILED, FileResult, FileTask, Folders
 from mf_celldump.processing.observer import ProcessingObserver
-from mf_celldump.processing.outcome import StepOutcome
+from mf_celldump.processing.outcome import INCOMPLETE, StepOutcome, counted, entries_text
 from mf_celldump.processing.worker_pool import FileRunner
 from mf_celldump.rawformat import markers, names
 from mf_celldump.rawformat.kbk_csv import captured_directions, read_statistic_csvs
@@ -408,6 +408,8 @@ def _transact_inputs(ctx: RankContext, source: StepSource, inputs: _Inputs, runn
     outcome.problems.extend(inputs.problems)
     _check_same_run(ctx, target)
     _assemble(ctx, source, inputs, runner, observer, outcome)
+    if not source.complete and source.raw_dir is not None:
+        outcome.problems.append(_incomplete_text(ctx, source, outcome))
     if outcome.problems:
         logger.warning("step %d rank %d: %d problem(s); raw data kept", source.step, ctx.rank,
                        len(outcome.problems))
@@ -420,6 +422,20 @@ def _transact_inputs(ctx: RankContext, source: StepSource, inputs: _Inputs, runn
     if remove_raw:
         _remove_sources(ctx, source, inputs, marker_path, outcome)
         observer.on_stage(ctx.rank, source.step, "removed")
+
+
+def _incomplete_text(ctx: RankContext, source: StepSource, outcome: StepOutcome) -> str:
+    """A step whose raw writes did not all complete (no completion marker): what it holds, and that it is not
+    whole. Its output is written for a look at what was captured, never recorded as consumed: its raw data
+    stays, and every run says so again (a problem, so the command exits non-zero). A step of MindSpore's
+    statistics files alone has no marker of ours (it counts as complete once a later iteration exists): it
+    keeps the report's note."""
+    return (f"{INCOMPLETE}: step {source.step} rank {ctx.rank} was not completed by the capture (its completion "
+            "marker is missing: "
+            f"the run ended, or is still running, before every raw write of the step finished): "
+            f"{entries_text(outcome.entries, outcome.weight_grad_entries)} and {counted(outcome.files, 'raw file')} "
+            f"were found; {outcome.output} holds only those, it is not the whole step; the raw data is kept in "
+            f"{source.raw_dir}")
 
 
 def _check_same_run(ctx: RankContext, target: str) -> None:

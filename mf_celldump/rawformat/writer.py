@@ -55,7 +55,10 @@ class RawWriter:
         self._records: Dict[int, TextIO] = {}
         self._step_dirs: Dict[int, str] = {}
         self._lock = threading.Lock()
-        self._thread = WriterThread(f"mf_celldump-writer-rank{rank}", inline=not self.background)
+        self._thread = WriterThread(f"mf_celldump-writer-rank{rank}", inline=not self.background,
+                                    on_process_end=self._process_ending)
+        self._begun: Dict[int, None] = {}  # steps prepared, in order (for the notice at process end)
+        self._marked: Dict[int, None] = {}  # steps marked complete by the thread
         self._files = NpyFileWriter()
         self._batch: List[Tuple[int, str, ProbeKey, int, dict]] = []  # records not handed over yet
         self._batch_lock = threading.Lock()  # capture ops may run on several MindSpore threads
@@ -93,6 +96,7 @@ class RawWriter:
     def prepare_step(self, step: int) -> str:
         """Create the step folder; unprocessed data of an earlier run is moved aside, never deleted."""
         self._step_dirs.pop(step, None)  # checked afresh: the folder may have been replaced
+        self._begun[step] = None
         path = self.step_dir(step)
         if os.path.isdir(path) and os.listdir(path):
             aside = names.set_aside_dir_name(path, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
@@ -222,6 +226,29 @@ class RawWriter:
             fields = {"task": self.manifest.task} if self.manifest is not None else {}
             fields.update(extra or {})
             write_step_done(safe_join(path, names.STEP_DONE_FILE), step, self.run_id, fields)
+            self._marked[step] = None
+
+    def _process_ending(self) -> None:
+        """On the writer thread, once everything handed over is written and the main thread has stopped
+        with this writer still open (training raised, or the dump was never detached): the records of the
+        unfinished step still pending are written too (it stays unmarked), then one line says what is on
+        disk and what to run."""
+        with self._batch_lock:
+            batch, self._batch = self._batch, []
+        if batch:
+            self._append_batch(batch)
+        with self._lock:
+            handles, self._records = list(self._records.values()), {}
+        for handle in handles:
+            handle.close()
+        unfinished = [s for s in self._begun if s not in self._marked]
+        marked = list(self._marked)
+        logger.warning(
+            "mf_celldump: the process is ending with capture still attached (training raised, or the trainer "
+            "never ended the run): raw data of step(s) %s written whole, %s; run `mf-celldump process %s` to "
+            "write msprobe's layout", _steps_text(marked),
+            f"step(s) {_steps_text(unfinished)} did not finish (processed, it is named incomplete)"
+            if unfinished else "no step left unfinished", self.dump_path)
 
     def close(self) -> None:
         self._hand_over_records()
@@ -230,3 +257,12 @@ class RawWriter:
             handles, self._records = list(self._records.values()), {}
         for handle in handles:
             handle.close()
+
+
+def _steps_text(steps: List[int]) -> str:
+    """``0,1,2``; a long list as its first and last steps and its length (one log line)."""
+    if not steps:
+        return "none"
+    if len(steps) > 8:
+        return f"{','.join(str(s) for s in steps[:4])},...,{steps[-1]} ({len(steps)} steps)"
+    return ",".join(str(s) for s in steps)

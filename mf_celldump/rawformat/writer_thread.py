@@ -6,6 +6,14 @@ statistics of host arrays and step markers run here, in the order handed over.
 failed); ``drain`` waits for everything handed over so far and raises the first failure
 since the last drain. Held arrays are bounded: a producer waits while more than
 ``limit_bytes`` are queued.
+
+The thread is not a daemon: a process whose training raised (or that never detached) still
+writes everything handed over before it ends. CPython's shutdown marks the main thread
+stopped, then joins the threads that are not daemons, and only then runs ``atexit`` handlers
+(MindSpore's teardown among them). A daemon writer was cut off mid-file there (``[Errno 14]
+Bad address``: the step it was writing had ended, but its marker never came). So the thread
+polls: once the main thread has stopped and the queue is empty, it calls ``on_process_end``
+(the owner logs what is on disk and what to run) and returns, letting the process end.
 """
 
 from __future__ import annotations
@@ -17,12 +25,16 @@ from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
+EXIT_POLL_S = 0.25  # how often an idle thread looks whether the main thread has stopped
+
 
 class WriterThread:
     """A FIFO of jobs for one daemon thread, started on the first job."""
 
-    def __init__(self, name: str, limit_bytes: int = 256 * 1024 * 1024, inline: bool = False):
+    def __init__(self, name: str, limit_bytes: int = 256 * 1024 * 1024, inline: bool = False,
+                 on_process_end: Optional[Callable[[], None]] = None):
         self.name = name
+        self.on_process_end = on_process_end  # run on the thread when the process ends with it still open
         self.limit_bytes = limit_bytes
         self.inline = inline  # run every job in the caller (no thread)
         self._jobs: queue.Queue = queue.Queue()
@@ -39,7 +51,7 @@ class WriterThread:
             return
         with self._cond:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=False)
                 self._thread.start()
             while self._held > self.limit_bytes:
                 self._cond.wait()
@@ -48,7 +60,13 @@ class WriterThread:
 
     def _run(self) -> None:
         while True:
-            item = self._jobs.get()
+            try:
+                item = self._jobs.get(timeout=EXIT_POLL_S)
+            except queue.Empty:
+                if threading.main_thread().is_alive():
+                    continue
+                self._process_ending()
+                return
             try:
                 if item is None:
                     return
@@ -67,6 +85,16 @@ class WriterThread:
                         self._cond.notify_all()
             finally:
                 self._jobs.task_done()
+
+    def _process_ending(self) -> None:
+        """Every job handed over has run and the main thread has stopped: the process is ending."""
+        with self._cond:
+            self._thread = None  # a job submitted after this (by another thread) starts a new one
+        if self.on_process_end is not None:
+            try:
+                self.on_process_end()
+            except Exception as err:  # noqa: BLE001  -- the process is ending: log, never hang it
+                logger.error("raw capture writer: finishing at process end failed: %s", err)
 
     def drain(self) -> None:
         """Wait until every submitted job has run; raise the first failure since the last drain."""

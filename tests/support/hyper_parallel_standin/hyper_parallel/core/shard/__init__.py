@@ -1,0 +1,1 @@
+"""Stand-in of ``hyper_parallel/core/shard``."""
