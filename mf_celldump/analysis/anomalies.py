@@ -4,7 +4,8 @@ Works from the statistics every record carries (Max, Min, Mean, Norm, and nan_co
 inf_count when dumped), so statistics-task dumps are covered and no tensor is loaded.
 Per step and rank the first anomalous cell is found in execution order, forward before
 backward, descending into the earliest anomalous descendant as the compare report does
-(so a dumper listing parents first still names the innermost cell). Across ranks, the
+(so a dumper listing parents first still names the innermost cell): ``watch.first_in_order``, the
+one reading of "first bad cell" that the watch and ``mf-celldump health`` use too. Across ranks, the
 earliest step wins, then forward before backward and the earlier position; ranks tied
 there are all named. The command is ``cli/anomalies.py``.
 """
@@ -16,10 +17,11 @@ from typing import Any, Dict, List, Optional
 
 from mf_celldump.config import IndexSelection
 from mf_celldump.layout import stat_records
-from mf_celldump.layout.naming import BACKWARD, FORWARD, parse_entry_name
+from mf_celldump.layout.naming import FORWARD, parse_entry_name
 from mf_celldump.layout.reader import DumpError, DumpJson, find_rank_dumps
 from mf_celldump.layout.slots import tensor_slots
 from mf_celldump.layout.stat_records import slot_anomaly
+from mf_celldump.watch import first_in_order
 
 
 @dataclass
@@ -61,24 +63,24 @@ def slot_details(record: Dict[str, Any]) -> Dict[str, Any]:
 def scan_rank(dump_json: str, step: Optional[int], rank: int, max_abs: Optional[float], folder: str = ""
               ) -> Dict[str, Any]:
     """First anomaly per direction of one rank folder (streamed), and how many tensors are anomalous."""
-    current: Dict[str, Finding] = {}
     counts = {"nan": 0, "inf": 0, "large": 0}
-    for pos, (name, body) in enumerate(DumpJson(dump_json).entries()):
-        parsed = parse_entry_name(name)
-        if parsed is None:
-            continue
-        bad = []
-        for slot, record in tensor_slots(parsed.direction, body, parameters=True):
-            kind = slot_anomaly(record, max_abs)
-            if kind:
-                counts[kind] += 1
-                bad.append({"slot": slot, "kind": kind, **slot_details(record)})
-        if not bad:
-            continue
-        found = current.get(parsed.direction)
-        if found is None or parsed.cell.startswith(found.cell + "."):
-            current[parsed.direction] = Finding(step, rank, parsed.direction, pos, name, parsed.cell, bad, folder)
-    first = current.get(FORWARD) or current.get(BACKWARD)
+
+    def findings():
+        for pos, (name, body) in enumerate(DumpJson(dump_json).entries()):
+            parsed = parse_entry_name(name)
+            if parsed is None:
+                continue
+            bad = []
+            for slot, record in tensor_slots(parsed.direction, body, parameters=True):
+                kind = slot_anomaly(record, max_abs)
+                if kind:
+                    counts[kind] += 1
+                    bad.append({"slot": slot, "kind": kind, **slot_details(record)})
+            if bad:
+                yield parsed.direction, parsed.cell, Finding(step, rank, parsed.direction, pos, name, parsed.cell,
+                                                             bad, folder)
+
+    first = first_in_order(findings())  # the watch's reading of "first bad cell", and mf-celldump health's
     return {"step": step, "rank": rank, "folder": folder, "first": first, "counts": counts}
 
 
