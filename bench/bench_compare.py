@@ -157,7 +157,7 @@ def _tree_rss_kb(pid: int) -> int:
 def commands(root: str, with_msprobe: bool, previous: Optional[str]) -> Dict[str, Tuple[list, Optional[dict]]]:
     """tool -> (command, environment); ``previous``: a checkout of mf_celldump run as tool ``previous``."""
     target, baseline = os.path.join(root, "target"), os.path.join(root, "baseline")
-    ours = [sys.executable, "-m", "mf_celldump.cli", "compare", target, baseline, "--json", "-o"]
+    ours = [sys.executable, "-m", "mf_celldump", "compare", target, baseline, "--json", "-o"]
     out = {"ours": ([*ours, os.path.join(root, "out_ours")], None)}
     if previous:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(previous))

@@ -35,6 +35,10 @@ own host work per step (``StepWatch.before_step``/``after_step``, ``signals_from
 ``time.perf_counter`` around each call: ``watch_host_ms_per_step`` (median, 95% interval);
 ``watch_step_ratio`` = step with watch / step without (the same attached network otherwise).
 
+``--cells`` adds two more sides to the watch part: the same network with cell health
+(``watch: {cells: true}``, docs/watch.md) every step and every 10th step; ``cells1_step_ratio`` and
+``cells10_step_ratio`` are their steps over the attached network without a watch.
+
 Usage (from the repository root):
 
     python bench/bench_cost.py --size large               # both parts, both modes
@@ -157,18 +161,22 @@ def _loss_scale_wrapper(net):
     return train
 
 
-def _watched_network(args, watch: bool, workdir: str):
+def _watched_network(args, watch, workdir: str):
     """A loss-scale network attached through ``CellDumpCallback`` (nothing selected; with ``watch`` the
-    watch on and ``steps: "anomaly"``), and the ``RunContext`` the callback reads, as Model fills it."""
+    watch on, ``True`` or a mapping of rules, and ``steps: "anomaly"``), and the ``RunContext`` the callback
+    reads, as Model fills it."""
     from mindspore.train.callback import RunContext
 
     from mf_celldump import CellDumpCallback
 
     net, _ = bc._build(args.seed, graph=args.mode == "graph")
     train = _loss_scale_wrapper(net)
-    keys = dict(dump_path=os.path.join(workdir, "watch" if watch else "nowatch"), task=args.task,
-                layer_mapping=None)
-    keys.update(dict(steps="anomaly", watch=True) if watch else dict(steps=str(NEVER)))
+    name = "nowatch" if not watch else "watch" if watch is True else f"cells{watch['cells_every']}"
+    keys = dict(dump_path=os.path.join(workdir, name), task=args.task, layer_mapping=None)
+    if watch is True:
+        keys.update(steps="anomaly", watch=True)
+    else:  # no watch, or cell health alone: nothing is ever captured (a firing only logs)
+        keys.update(steps=str(NEVER), **({"watch": watch} if watch else {}))
     if args.mode == "graph":
         keys["backend"] = "host"
     callback = CellDumpCallback(**keys)
@@ -218,11 +226,11 @@ def _watch_timers():
 
 def _watch_rounds(args, plain, sides, batches, timers) -> dict:
     """``args.steps`` rounds of one step per network, the order rotated each round (no side always first)."""
-    got = {"plain": [], "nowatch": [], "watch": [], "watch_host_ms": [], "watch_parts": []}
-    names = ["plain", "nowatch", "watch"]
+    names = ["plain", *sides]
+    got = {**{name: [] for name in names}, "watch_host_ms": [], "watch_parts": []}
     for i in range(args.steps):
         batch = batches[i % len(batches)]
-        for name in names[i % 3:] + names[:i % 3]:
+        for name in names[i % len(names):] + names[:i % len(names)]:
             if name == "plain":
                 got["plain"].append(_plain_step(plain, batch))
                 continue
@@ -242,6 +250,9 @@ def watch_worker(args) -> dict:
     net, _ = bc._build(args.seed, graph=args.mode == "graph")
     plain = _loss_scale_wrapper(net)
     sides = {"nowatch": _watched_network(args, False, workdir), "watch": _watched_network(args, True, workdir)}
+    if args.cells:  # cell health (docs/watch.md, "Cell health"): every step, and every 10th
+        for every in (1, 10):
+            sides[f"cells{every}"] = _watched_network(args, {"cells": True, "cells_every": every}, workdir)
     batches = bc._batches(max(args.steps, 4), args.seed)
     for i in range(args.warmup):  # after both attaches: compiles, and recompiles of the hook version
         _plain_step(plain, batches[i])
@@ -261,7 +272,8 @@ def watch_worker(args) -> dict:
 
 def _watch_fields(got) -> dict:
     """Medians, intervals and ratios of the watch rounds; the per-piece medians of the watch's host time."""
-    fields = {f"{name}_ms": got[name] for name in ("plain", "nowatch", "watch", "watch_host_ms")}
+    fields = {f"{name}_ms": got[name] for name in ("plain", "nowatch", "watch", "watch_host_ms", "cells1", "cells10")
+              if name in got}
     for name in ("plain", "nowatch", "watch"):
         fields[f"{name}_median_ms"] = stats_mod.median(got[name])
         fields[f"{name}_median_95ci"] = bc._median_interval(got[name])
@@ -276,6 +288,11 @@ def _watch_fields(got) -> dict:
     fields["watch_vs_plain_ratio_95ci"] = bc._ratio_interval(got["watch"], got["plain"])
     fields["watch_parts"] = bc._median_breakdown(got["watch_parts"])
     fields["samples_per_side"] = len(got["watch"])
+    for name in ("cells1", "cells10"):  # cell health beside the same attached network without a watch
+        if got.get(name):
+            fields[f"{name}_median_ms"] = stats_mod.median(got[name])
+            fields[f"{name}_step_ratio"] = fields[f"{name}_median_ms"] / fields["nowatch_median_ms"]
+            fields[f"{name}_step_ratio_95ci"] = bc._ratio_interval(got[name], got["nowatch"])
     return fields
 
 
@@ -290,7 +307,8 @@ def _run_worker(kind: str, mode: str, task: str, args) -> dict:
     out_json = os.path.join(workdir, "result.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--mode", mode, "--task", task,
            "--size", args.size, "--steps", str(args.steps), "--mem-steps", str(args.mem_steps),
-           "--warmup", str(args.warmup), "--seed", str(args.seed), "--result", out_json]
+           "--warmup", str(args.warmup), "--seed", str(args.seed), "--result", out_json,
+           *(["--cells"] if args.cells else [])]
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("GLOG_v", "3")  # MindSpore: errors only
@@ -404,6 +422,12 @@ def _watch_table(results) -> str:
             f"| {r['nowatch_vs_plain_ratio']:.3f}{_ci(r['nowatch_vs_plain_ratio_95ci'], 3)} "
             f"| {r['watch_host_ms_per_step']:.3f}{_ci(r['watch_host_ms_per_step_95ci'], 3)} "
             f"| {r['watch_host_ms_max']:.3f} | {r['samples_per_side']} | {load} | {', '.join(r['fired']) or 'none'} |")
+    cells = [r for r in results if "cells1_step_ratio" in r]
+    if cells:
+        lines += ["", "| mode | cells every step / no watch (95%) | cells every 10th / no watch (95%) |",
+                  "|---|---:|---:|"]
+        lines += [f"| {r['mode']} | {r['cells1_step_ratio']:.3f}{_ci(r['cells1_step_ratio_95ci'], 3)} "
+                  f"| {r['cells10_step_ratio']:.3f}{_ci(r['cells10_step_ratio_95ci'], 3)} |" for r in cells]
     parts = []
     for r in results:
         for label, row in sorted((r.get("watch_parts") or {}).items(), key=lambda item: -item[1]["ms"]):
@@ -466,6 +490,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="memory: runs of each worker, interleaved")
     parser.add_argument("--steps", type=int, default=30, help="watch: rounds (the samples per side)")
     parser.add_argument("--warmup", type=int, default=2, help="watch: steps per network before the rounds")
+    parser.add_argument("--cells", action="store_true",
+                        help="watch: also cell health (watch: {cells: true}), every step and every 10th")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for cost-*.json|txt")
     parser.add_argument("--keep", action="store_true", help="keep the workers' temp folders (dumps, logs)")

@@ -4,5 +4,5 @@ import sys
 
 from mf_celldump.cli import main
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # worker processes import this module too (multiprocessing's forkserver/spawn)
     sys.exit(main())

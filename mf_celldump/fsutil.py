@@ -89,6 +89,19 @@ def atomic_write_json(path: str, value: Any, indent: int = 1) -> None:
     atomic_write_bytes(path, json.dumps(value, indent=indent).encode("utf-8"))
 
 
+def bytes_under(path: str) -> int:
+    """Bytes of the regular files under ``path`` (links not followed); 0 when it does not exist."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                stat = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            total += stat.st_size if not os.path.islink(os.path.join(folder, name)) else 0
+    return total
+
+
 def open_append(path: str):
     """Open ``path`` for appending text lines (created 0o640)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)

@@ -49,7 +49,7 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(command, code):
     """
     worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [worktree, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen([sys.executable, "-m", "mf_celldump.cli", *command], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "mf_celldump", *command], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=worktree)
     proc.stdout.close()
     err = proc.stderr.read().decode()
@@ -61,7 +61,7 @@ def test_a_reader_that_reads_a_line_then_closes_gets_no_error_message(tmp_path):
     """The `| head -1` of a long listing: the command stops at the closed pipe, silently."""
     big = tmp_path / "many.yaml"
     big.write_text("".join(f"Class{i}:\n  layer{i}: baseline{i}\n" for i in range(6000)))
-    proc = subprocess.Popen([sys.executable, "-m", "mf_celldump.cli", "mapping", "show", str(big)],
+    proc = subprocess.Popen([sys.executable, "-m", "mf_celldump", "mapping", "show", str(big)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__))))
     first = proc.stdout.readline()

@@ -54,7 +54,7 @@ def _page_data(html_path):
 
 def compare(target, baseline, out):
     """The JSON result and the terminal text of one comparison, with the exit codes of both."""
-    argv = [sys.executable, "-m", "mf_celldump.cli", "compare", str(target), str(baseline)]
+    argv = [sys.executable, "-m", "mf_celldump", "compare", str(target), str(baseline)]
     as_json = subprocess.run([*argv, "-o", str(out / "json"), "--json"], capture_output=True, text=True, timeout=600)
     as_text = subprocess.run([*argv, "-o", str(out / "text")], capture_output=True, text=True, timeout=600)
     assert as_json.returncode == as_text.returncode, as_text.stderr

@@ -68,7 +68,7 @@ def runs(tmp_path_factory):
 def compare(root, out, *args):
     """No threshold given: the rounding noise of the ranks' other summation order (the key projection's bias
     gradient, zero in exact arithmetic) is within each pair's noise bound (docs/compare.md, "Rounding noise")."""
-    proc = subprocess.run([sys.executable, "-m", "mf_celldump.cli", "compare", *map(str, args),
+    proc = subprocess.run([sys.executable, "-m", "mf_celldump", "compare", *map(str, args),
                            "-o", str(out), "--json"], capture_output=True, text=True, timeout=600)
     return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
 

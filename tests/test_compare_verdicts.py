@@ -331,7 +331,7 @@ def test_a_closed_pipe_is_not_an_error(tmp_path, command):
     write_dump(str(tmp_path / "d"), nan, task="statistics")
     args = [str(tmp_path / "d")] + ([str(tmp_path / "d"), "-o", str(tmp_path / "o")] if command == "compare" else [])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mf_celldump.cli", command, *args, "--json"],
+        [sys.executable, "-m", "mf_celldump", command, *args, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=REPO),
     )
     proc.stdout.close()  # the reader goes away before anything is written (`| head` that is done)

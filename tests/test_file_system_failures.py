@@ -28,7 +28,7 @@ needs_permission_checks = pytest.mark.skipif(
 def _process_as_user(dump):
     """``mf-celldump process DUMP`` as a user whom file modes apply to."""
     prefix = DROP_OVERRIDES if os.geteuid() == 0 else []
-    proc = subprocess.run([*prefix, sys.executable, "-m", "mf_celldump.cli", "process", dump, "--jobs", "1"],
+    proc = subprocess.run([*prefix, sys.executable, "-m", "mf_celldump", "process", dump, "--jobs", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     return proc

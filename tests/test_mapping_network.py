@@ -365,7 +365,7 @@ def test_a_misspelt_class_gets_one_warning_at_attach(tmp_path, caplog):
 
 @pytest.mark.parametrize(
     "command",
-    [["mf_celldump.cli", "mapping"], ["mf_celldump.cli.mapping"]],
+    [["mf_celldump", "mapping"], ["mf_celldump.cli.mapping"]],
     ids=["mf-celldump", "standalone"],
 )
 def test_cli_as_subprocess(tmp_path, command):
@@ -387,7 +387,7 @@ def test_check_against_a_model_keeps_the_libraries_output_out_unless_verbose(tmp
     only mf-celldump's own; `-v` shows theirs after the build."""
     worktree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [worktree, os.environ.get("PYTHONPATH")])))
-    run = [sys.executable, "-m", "mf_celldump.cli"]
+    run = [sys.executable, "-m", "mf_celldump"]
     quiet = subprocess.run([*run, "mapping", "check", "auto", "--model", "tiny-llama"], capture_output=True,
                            text=True, cwd=tmp_path, env=env, timeout=300)
     assert quiet.returncode == 0 and "0 problems" in quiet.stdout, quiet.stderr[-2000:]

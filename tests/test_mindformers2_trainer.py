@@ -39,7 +39,7 @@ def _entries(dump, step):
 
 
 def _process(dump):
-    return subprocess.run([sys.executable, "-m", "mf_celldump.cli", "process", dump], cwd=REPO, timeout=600,
+    return subprocess.run([sys.executable, "-m", "mf_celldump", "process", dump], cwd=REPO, timeout=600,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
 
 

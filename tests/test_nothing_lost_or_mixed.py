@@ -246,7 +246,7 @@ def _raising_run(tmp_path, mode, cut):
 
 
 def _process_cli(dump):
-    return subprocess.run([sys.executable, "-m", "mf_celldump.cli", "process", dump], cwd=REPO, timeout=600,
+    return subprocess.run([sys.executable, "-m", "mf_celldump", "process", dump], cwd=REPO, timeout=600,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
 
 

@@ -74,7 +74,7 @@ def verdict_lines(job: Job, rank: int = 0) -> dict:
 
 
 def ranks_command(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mf_celldump.cli", "ranks", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "mf_celldump", "ranks", *map(str, args)], capture_output=True,
                           text=True, timeout=300)
 
 

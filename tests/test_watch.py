@@ -168,7 +168,7 @@ def test_steps_anomaly_without_watch_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("values, message", [
     ({"watch": "yes"}, "watch: invalid value 'yes'; valid: true, false, or a mapping"),
-    ({"watch": {"loss_spik": 2}}, "watch: unknown rule 'loss_spik'; valid keys: nan_inf_loss"),
+    ({"watch": {"loss_spik": 2}}, "watch: unknown rule 'loss_spik' (did you mean 'loss_spike'"),
     ({"watch": {"loss_spike": 0.5}}, "watch.loss_spike: invalid value 0.5; valid: a factor > 1"),
     ({"watch": {"spike_window": 0}}, "watch.spike_window: invalid value 0; valid: an integer from 1"),
     ({"watch": {"stop": "yes"}}, "watch.stop: invalid value 'yes'; valid: true or false"),
@@ -228,7 +228,8 @@ def test_steps_anomaly_with_graph_tensordump_is_refused_at_attach(tmp_path):
                                               "captured steps from a list given before training.*backend: host"):
             mf_celldump.attach(cn.train_one_step_cell(cn.make_net()),
                                {"dump_path": str(tmp_path / "dump"), "task": "tensor", "backend": "tensordump",
-                                "steps": "anomaly", "watch": True}, primitives=emulator.primitives())
+                                "steps": "anomaly", "watch": True}, primitives=emulator.primitives(),
+                               watched_by_trainer=True)
     finally:
         emulator.close()
     assert not (tmp_path / "dump" / "_raw").exists() or not any((tmp_path / "dump" / "_raw").iterdir())
@@ -282,7 +283,7 @@ def test_a_capture_that_would_pass_anomaly_max_bytes_is_refused_and_training_goe
 
     cn.set_mode("pynative")
     values = {"dump_path": str(tmp_path / "dump"), "steps": "anomaly", "watch": True, "anomaly_max_bytes": 1000}
-    dump = mf_celldump.attach(cn.train_one_step_cell(cn.make_net()), values)
+    dump = mf_celldump.attach(cn.train_one_step_cell(cn.make_net()), values, watched_by_trainer=True)  # StepWatch
     try:
         (tmp_path / "dump" / "earlier.bin").write_bytes(b"x" * 2000)
         watched = StepWatch(DumpConfig.from_dict(values))

@@ -68,7 +68,7 @@ def test_every_weight_gradient_is_the_same_in_both_modes(dumps):
 
 def test_compare_of_the_two_modes_is_clean_with_every_pair_compared(dumps, tmp_path):
     _, by_mode = dumps
-    proc = subprocess.run([sys.executable, "-m", "mf_celldump.cli", "compare", str(by_mode["graph"]),
+    proc = subprocess.run([sys.executable, "-m", "mf_celldump", "compare", str(by_mode["graph"]),
                            str(by_mode["pynative"]), "-o", str(tmp_path / "out"), "--json"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -91,7 +91,7 @@ def test_compare_leaves_out_weight_gradients_recorded_at_different_points(dumps,
     data = json.loads(path.read_text(encoding="utf-8"))
     data["mf_celldump_parameters_grad"] = {"point": "optimizer_input", "micro_batches": 1}
     path.write_text(json.dumps(data), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "mf_celldump.cli", "compare", str(other), str(by_mode["pynative"]),
+    proc = subprocess.run([sys.executable, "-m", "mf_celldump", "compare", str(other), str(by_mode["pynative"]),
                            "-o", str(tmp_path / "out"), "--json"], capture_output=True, text=True, timeout=600)
     result = json.loads(proc.stdout)
     assert proc.returncode == 0 and result["verdict"] == "within thresholds", proc.stdout[-3000:]

@@ -25,6 +25,7 @@ from mf_celldump.capture.backends import BackendContext, CaptureBackend, choose_
 from mf_celldump.capture.construct import GradientGapLog, InstalledConstruct, install, surplus_mode_warnings
 from mf_celldump.capture.graph_switch import GraphSwitch, finds_compiling_cell
 from mf_celldump.capture.graph_wrapper import GeneratedSources, graph_construct
+from mf_celldump.capture.health import CellHealth, GraphHealth, health_file
 from mf_celldump.capture.micro_batches import MicroBatches, mindspore_parallel_settings
 from mf_celldump.capture.micro_batches import detect as detect_micro_batches
 from mf_celldump.capture.parallel_layout import parallel_layout
@@ -37,12 +38,13 @@ from mf_celldump.capture.selection import SelectedCell, select_cells, selection_
 from mf_celldump.capture.wrappers import peel
 from mf_celldump.config import DumpConfig
 from mf_celldump.errors import AttachError, BackendSetupError, DumpInUseError, StepError, WrapperError, short_repr
-from mf_celldump.fsutil import writable_dir_problem
+from mf_celldump.fsutil import bytes_under, writable_dir_problem
 from mf_celldump.layout.naming import PARAMETERS_GRAD_KEY, WATCH_KEY
 from mf_celldump.mapping import ArgModes
 from mf_celldump.rawformat.manifest import Manifest
 from mf_celldump.rawformat.names import MAX_STEP
 from mf_celldump.rawformat.writer import RawWriter
+from mf_celldump.watch import Watch
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ class CellDump:
     """One attached capture. Use ``begin_step``/``end_step`` around each training step."""
 
     def __init__(self, network, model, config: DumpConfig, rank: int, distributed: bool,
-                 initial_step: int, dump_path: str, primitives=None):
+                 initial_step: int, dump_path: str, primitives=None, watched_by_trainer: bool = False):
         self.network = network
         self.model = model
         self.config = config
@@ -168,6 +170,10 @@ class CellDump:
         self.graph_mode = False
         self.attached = False
         self._installed: List[InstalledConstruct] = []
+        self._health_installed: List[InstalledConstruct] = []  # graph mode: cell health's wrappers
+        # Their sources apart from capture's: both name a cell's file construct_{cell id}, and the compiler reads
+        # the source from the file name (a second one of the same name would replace the first in linecache).
+        self._health_sources = GeneratedSources()
         self._sources = GeneratedSources()
         self._parameters: Optional[ParameterCapture] = None
         self._running: Optional[int] = None  # the step between begin_step and end_step
@@ -178,6 +184,14 @@ class CellDump:
         # False when every selected step lies before initial_step (a resumed run): nothing is captured.
         self.steps_remain = bool(config.steps.from_value(initial_step, 1)) or config.steps.on_anomaly
         self.watch_records: Dict[int, dict] = {}  # step -> why the watch captured it (``record_watch``)
+        self.health: Optional[CellHealth] = None  # cell health (watch: {cells: true}), capture or not
+        self.health_path: Optional[str] = None  # its record, health/rank{R}.csv (kept after detach)
+        self.last_health: Optional[tuple] = None  # (step, readings) of the last step that read health
+        # A plain attach() with a watch: the dump checks the cell rules itself (a trainer's run checks them
+        # with its signals, integrations/watching.py); the captures it chose (steps: anomaly).
+        self.watch: Optional[Watch] = None if watched_by_trainer or config.watch is None else Watch(config.watch,
+                                                                                                    rank)
+        self._watch_captures = 0
 
     # -- attach / detach -----------------------------------------------------------------
     def attach(self) -> None:
@@ -188,6 +202,8 @@ class CellDump:
         self.device = ms.get_context("device_target")
         self.model.__dict__[_MARKER] = self
         self.attached = True
+        if self.config.watch is not None and self.config.watch.cells:
+            self._install_health(graph_mode)
         if not self.runtime.rank_selected:
             logger.info("rank %d is not in ranks=%s: nothing is captured on this rank",
                         self.rank, self.config.ranks.describe())
@@ -228,6 +244,24 @@ class CellDump:
         logger.info("capturing %d cells of %s into %s (task=%s, data_mode=%s, steps=%s)",
                     len(self.cells), type(self.model).__name__, self.dump_path,
                     self.config.task, self.config.data_mode, self.config.steps.describe())
+
+    def _install_health(self, graph_mode: bool) -> None:
+        """Cell health on every rank, whatever capture selects (``capture/health.py``)."""
+        rules = self.config.watch
+        selected = select_cells(self.model, self.config)
+        cells = [(s.name, s.cell) for s in selected]
+        path = health_file(self.dump_path, self.rank) if rules.health_max_bytes else None
+        self.health_path = path
+        self.health = CellHealth(rules, cells, self.config.captures_backward, path, self.rank)
+        if graph_mode:  # the cells' outputs are read inside the graph, under capture's wrappers if any
+            self.health.graph = GraphHealth(cells, self.config.captures_backward)
+            face, gaps = self.health.graph.face(), GradientGapLog()
+            for one in selected:
+                construct = graph_construct(one, DEFAULT_MODES, face, self._health_sources, gaps)
+                self._health_installed.append(install(one.cell, construct))
+        self.health.install()
+        logger.info("cell health: %d cells every %d step(s)%s", len(cells), rules.cells_every,
+                    f", recorded in {path}" if path else "")
 
     def _claim_dump_path(self) -> None:
         """Start a run in ``dump_path``, or continue the one this attach resumes (``capture.run_identity``)."""
@@ -270,6 +304,8 @@ class CellDump:
             self.switch = GraphSwitch(self.runtime)
             self.switch.add_entry(self.network)
             plain = self.switch.plain_function()
+            if self.health is not None and self.health.graph is not None:
+                self.health.graph.compiles_captured = self.switch.compiles_captured
         gaps = GradientGapLog()  # one log line per cell class and reason, per attach
         for selected in self.cells:
             arg_modes = modes.get(selected.name, DEFAULT_MODES)
@@ -329,6 +365,13 @@ class CellDump:
         for installed in reversed(self._installed):
             installed.restore()
         self._installed.clear()
+        if self.health is not None:  # after capture's wrappers, which wrap the health ones in graph mode
+            self.health.restore()
+            self.health = None
+        for installed in reversed(self._health_installed):
+            installed.restore()
+        self._health_installed.clear()
+        self._health_sources.remove()
         if self.switch is not None:
             self.switch.close()
         self._sources.remove()
@@ -412,6 +455,8 @@ class CellDump:
             self.writer.prepare_step(step)
         self.runtime.start_step(step, selected)
         self._running = step
+        if self.health is not None:
+            self.health.begin_step(step)
         if self.switch is not None:
             self.switch.select(self.runtime.active)
         if self.attached and self.backend is not None and self.backend.begin_step(step, self.runtime.active):
@@ -438,6 +483,10 @@ class CellDump:
         if self.switch is not None:
             self.switch.release()
         self._running = None
+        if self.health is not None:
+            self.last_health = self.health.end_step() or self.last_health
+            if self.watch is not None and self.last_health is not None and self.last_health[0] == step:
+                self._watch_cells(step, self.last_health[1])
         if captured:
             if not self.writes_later:
                 self.writer.complete_step(step)  # by the writer thread, after the step's files: no wait here
@@ -470,14 +519,43 @@ class CellDump:
         self.runtime.stop_step()
         if self.switch is not None:
             self.switch.release()
+        if self.health is not None:
+            self.health.abort_step()
         self._running = None
         return StepEnd(step, captured, completed=False)
+
+    def _watch_cells(self, step: int, readings) -> None:
+        """A plain attach() with a watch: the cell rules over the step's health (one log line per firing);
+        with ``steps: anomaly`` a firing selects the next step, within ``anomaly_captures`` and
+        ``anomaly_max_bytes``. A trainer's run does this with its signals instead (integrations/watching.py)."""
+        fired = self.watch.check_cells(step, readings)
+        if not fired or not self.config.steps.on_anomaly or self.backend is None:
+            return
+        first = fired[0]
+        if self._watch_captures >= self.config.anomaly_captures:
+            return
+        self._watch_captures += 1
+        limit = self.config.anomaly_max_bytes
+        if limit is not None and bytes_under(self.dump_path) >= limit:
+            logger.warning("mf_celldump watch: rule %s fired at step %d: step %d not captured: dump_path holds %d "
+                           "bytes, anomaly_max_bytes=%d", first.rule, step, step + 1, bytes_under(self.dump_path),
+                           limit)
+            return
+        self.select_step(step + 1)
+        self.record_watch(step + 1, {"rule": first.rule, "fired_at_step": step, "capture": "next_step",
+                                     "cell": first.cell, "direction": first.direction})
+        logger.warning("mf_celldump watch: rule %s fired at step %d (cell %s): capturing step %d, the step after "
+                       "it; capture %d of %d", first.rule, step, first.cell, step + 1, self._watch_captures,
+                       self.config.anomaly_captures)
 
     @contextlib.contextmanager
     def step(self, step: int):
         """``with dump.step(n): train_step()`` for hand-written training loops.
 
-        A step that raises is aborted, not completed: its raw data stays unprocessed.
+        It takes no step outputs: with ``watch`` on, a plain attach() watches the cells' own values (cell
+        health, ``watch: {cells: true}``), which need none; the rules over the loss, the overflow flag and
+        the global norm need a trainer's callback (``CellDumpCallback``). A step that raises is aborted, not
+        completed: its raw data stays unprocessed.
         """
         self.begin_step(step)  # refuses a bad step or a detached handle before anything runs
         try:
@@ -524,7 +602,8 @@ def mindspore_version_problem(installed: str) -> Optional[str]:
 
 def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *,
            rank: Optional[int] = None, distributed: Optional[bool] = None,
-           initial_step: int = 0, output_dir: Optional[str] = None, primitives=None) -> CellDump:
+           initial_step: int = 0, output_dir: Optional[str] = None, primitives=None,
+           watched_by_trainer: bool = False) -> CellDump:
     """Wrap every selected cell of ``network`` with capture ops; returns the handle.
 
     ``network`` may be the model or any training wrapper around it. Call this before
@@ -533,8 +612,16 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
     the run starts at (a resumed run); selected steps before it are not captured.
     ``primitives``: an ``AscendPrimitives`` for the tensordump/kbk_statistics backends
     (tests, platforms without the kernels); by default MindSpore's own.
+    ``watched_by_trainer``: a trainer adapter hands the watch each step's signals (``TrainingRun``); a
+    plain attach() has none, so a ``watch`` without cell health, which could see nothing, is refused.
     """
     config = DumpConfig.coerce(config)
+    if config.watch is not None and not config.watch.cells and not watched_by_trainer:
+        raise AttachError("watch: a plain attach() receives no step signals (loss, overflow flag, global norm), "
+                          "so these rules would never see anything; turn on cell health (watch: {cells: true}, "
+                          "which reads the cells' own values and needs no signals), train through "
+                          "CellDumpCallback, whose trainer hands the watch each step's outputs, or set watch: "
+                          "false (docs/watch.md)")
     initial_step = checked_step(initial_step)
     import mindspore as ms
     from mindspore import nn
@@ -559,7 +646,8 @@ def attach(network, config: Union[DumpConfig, Mapping[str, Any], None] = None, *
     rank = detected_rank if rank is None else rank
     distributed = detected_distributed if distributed is None else distributed
     dump_path = config.resolved_dump_path(output_dir)
-    dump = CellDump(network, model, config, rank, distributed, initial_step, dump_path, primitives)
+    dump = CellDump(network, model, config, rank, distributed, initial_step, dump_path, primitives,
+                    watched_by_trainer)
     if rank in config.ranks and dump.steps_remain:
         problem = writable_dir_problem(dump_path, create=True)
         if problem:

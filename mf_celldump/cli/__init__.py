@@ -19,7 +19,7 @@ from mf_celldump.cli.conventions import ExitCode
 
 def build_parser() -> argparse.ArgumentParser:
     from mf_celldump import __version__
-    from mf_celldump.cli import anomalies, compare, mapping, process, ranks, register_path
+    from mf_celldump.cli import anomalies, compare, health, mapping, process, ranks, register_path
 
     parser = argparse.ArgumentParser(
         prog="mf-celldump",
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (process, mapping, register_path, compare, anomalies, ranks):
+    for module in (process, mapping, register_path, compare, anomalies, health, ranks):
         module.add_cli(sub)
     return parser
 

@@ -25,6 +25,7 @@ from mf_celldump.integrations.rank_verdict import RankVerdict, world_size
 from mf_celldump.integrations.step_processor import ProcessingResult, StepProcessor
 from mf_celldump.integrations.watching import StepWatch
 from mf_celldump.processing.outcome import counted, entries_text
+from mf_celldump.watch import StepSignals
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,8 @@ class TrainingRun:
         from mf_celldump.capture.session import attach  # late: the capture session pulls in MindSpore
 
         RankVerdict.check(self.config)  # a verdict asked for that cannot be served: refused before anything changes
-        self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir)
+        self.dump = attach(network, self.config, initial_step=initial_step, output_dir=output_dir,
+                           watched_by_trainer=True)
         self.summary.rank = self.dump.rank
         if self.watching is not None:
             self._watch_ranks()
@@ -163,9 +165,11 @@ class TrainingRun:
         if self.dump is not None and not self.finished:
             ended = self.dump.end_step()
             self._ended(ended)
-            if self.watching is not None and signals is not None:
-                self.watching.after_step(self.dump, None if ended is None else ended.step, signals, rerun,
-                                         self._ended)
+            step = None if ended is None else ended.step
+            health = self.dump.last_health
+            cells = health[1] if health is not None and health[0] == step else None
+            if self.watching is not None and (signals is not None or cells is not None):
+                self.watching.after_step(self.dump, step, signals or StepSignals(), rerun, self._ended, cells)
 
     @property
     def stop_requested(self) -> bool:
@@ -226,6 +230,9 @@ class TrainingRun:
         self.summary.captured_steps = list(self.dump.captured_steps)
         if self.watching is not None:
             self.summary.notes.extend(self.watching.summary_notes())
+        if self.dump.health_path is not None:
+            self.summary.notes.append(f"watch: cell health of this rank in {self.dump.health_path} "
+                                      f"(`mf-celldump health {self.dump.dump_path}` names the first bad cell)")
         if self.dump.writes_unselected:
             from mf_celldump.integrations.captured import discard_unselected
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from mf_celldump.config import DumpConfig
+from mf_celldump.fsutil import bytes_under
 from mf_celldump.integrations.watch_ranks import RankTable, firings_of, ranks_text, rerun_agreement, step_row
 from mf_celldump.watch import Firing, StepSignals, Watch
 
@@ -72,19 +72,6 @@ def signals_from_outputs(outputs: Any) -> StepSignals:
                                overflow=None if overflow is None else bool(overflow), loss_scale=number(outputs[2]))
         return StepSignals(loss=number(outputs[0]))
     return StepSignals(loss=number(outputs))
-
-
-def bytes_under(path: str) -> int:
-    """Bytes of the regular files under ``path`` (links not followed); 0 when it does not exist."""
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            try:
-                stat = os.lstat(os.path.join(folder, name))
-            except OSError:
-                continue
-            total += stat.st_size if not os.path.islink(os.path.join(folder, name)) else 0
-    return total
 
 
 # Attributes of a callback that raises in its step end on what the watch fires on, so training stops there:
@@ -165,7 +152,7 @@ class StepWatch:
             return
         dump.select_step(step)
         dump.record_watch(step, {"rule": firing.rule, "fired_at_step": firing.step, "capture": "next_step",
-                                 **self._fired_on()})
+                                 **_cell_of(firing), **self._fired_on()})
         self.captured.append(step)
         self._note(f"rule {firing.rule} fired at step {firing.step}{self._where(firing)}: capturing step {step}, "
                    f"the step after it ({self._not_rerun}); capture {len(self.captured)} of "
@@ -178,15 +165,18 @@ class StepWatch:
         return self.captures_on_trigger and self.pending is None and self._captures_left()
 
     def after_step(self, dump, step: Optional[int], signals: StepSignals, rerun=None,
-                   on_ended: Optional[Callable[[Any], None]] = None) -> List[Firing]:
+                   on_ended: Optional[Callable[[Any], None]] = None, cells=None) -> List[Firing]:
         """Check the rules on the step that just ended (on every rank: ``share_across``); a firing reruns it
         (``rerun``, a ``rerun.StepRerun``, where the wrapper skipped its update), or schedules the next step's
-        capture, or a stop. Returns this rank's firings."""
+        capture, or a stop. ``cells``: the step's cell health (``watch.CellReading``s), or None. Returns this
+        rank's firings: the signals' rules, then the cell rules."""
         if self._stop_after is not None and step is not None and step >= self._stop_after:
             self.stop_requested = True
         if step is None:
             return []
         fired = self.watch.check(step, signals)
+        if cells is not None:
+            fired = fired + self.watch.check_cells(step, cells)
         firing, table = self._first_firing(step, fired, signals, rerun)
         if firing is None:
             return fired
@@ -392,4 +382,10 @@ def _firing_text(firing: Firing) -> str:
     value = firing.value
     if isinstance(value, float) and not math.isfinite(value):
         value = str(value)
-    return f"step {firing.step} rank {firing.rank} rule {firing.rule} (value {value})"
+    cell = f" cell {firing.cell} {firing.direction} {firing.what}" if firing.cell is not None else ""
+    return f"step {firing.step} rank {firing.rank} rule {firing.rule}{cell} (value {value})"
+
+
+def _cell_of(firing: Firing) -> dict:
+    """A cell rule's cell and direction, for the captured step's ``dump.json``."""
+    return {} if firing.cell is None else {"cell": firing.cell, "direction": firing.direction}

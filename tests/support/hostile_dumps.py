@@ -129,7 +129,7 @@ def alarm(seconds: int = 60):
 
 def run_cli(*args: str, timeout: int = 120, **kwargs) -> subprocess.CompletedProcess:
     """``mf-celldump ARGS`` in a child process; no traceback may reach the user."""
-    proc = subprocess.run([sys.executable, "-m", "mf_celldump.cli", *args], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "mf_celldump", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, **kwargs)
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
     return proc
