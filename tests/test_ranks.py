@@ -15,6 +15,7 @@ import os
 import socket
 import time
 import tracemalloc
+import zlib
 
 import pytest
 
@@ -168,6 +169,31 @@ def test_command_on_clean_replicas_exits_0(tmp_path):
     write_dump(str(tmp_path / "dump"), 3, [0], entries=60)
     code, out, _ = run_cli(str(tmp_path / "dump"), "-o", str(tmp_path / "out"))
     assert code == 0 and "step 0: clean (3 replicas)" in out
+
+
+def test_records_it_cannot_judge_are_named_not_passed_in_silence(tmp_path):
+    """A Max of "NaN?" and a shape that is no list of whole numbers: the replicas are still checked on the
+    rest, and the command names the records per rank folder (text and JSON), as compare and anomalies do;
+    a summary saved before the count existed reads as none."""
+    write_dump(str(tmp_path / "dump"), 2, [0], entries=20)
+    path = tmp_path / "dump" / "step0" / "rank1" / "dump.json"
+    data = json.loads(path.read_text())
+    names = [name for name in data["data"] if ".forward." in name][:2]
+    data["data"][names[0]]["output"][0]["Max"] = "NaN?"
+    data["data"][names[1]]["output"][0]["shape"] = [10 ** 12, "x"]
+    path.write_text(json.dumps(data))
+    code, out, _ = run_cli(str(tmp_path / "dump"), "-o", str(tmp_path / "out"))
+    line = next(line for line in out.splitlines() if "not judged" in line)
+    assert line.startswith("step 0 rank 1: 2 records not judged"), out
+    assert f"{names[0]} output.0: Max 'NaN?' is not a number" in line, line
+    assert "is not a list of whole numbers" in line, line
+    code, out, _ = run_cli(str(tmp_path / "dump"), "-o", str(tmp_path / "out2"), "--json")
+    assert json.loads(out)["unjudged"] == [{"step": 0, "rank": 1, "count": 2, "first": line.split(": ", 2)[2]
+                                            .split("; ")}], out
+    summary = summarize(str(path), 0, 1)
+    old = summary.to_json()
+    del old["unjudged"]
+    assert from_bytes(zlib.compress(json.dumps(old).encode())).unjudged == 0
 
 
 def test_one_card_says_there_is_nothing_to_compare_and_writes_beside_the_dump(tmp_path, monkeypatch):

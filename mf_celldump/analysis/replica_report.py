@@ -23,7 +23,7 @@ import os
 import tempfile
 import textwrap
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -41,6 +41,7 @@ SUMMARY_SUFFIXES = (".jsonl.gz", ".jsonl")
 MAX_LINE = 64 << 20  # one summary line is kilobytes; far more is not a summary
 MAX_HEATMAPS = 16
 DEFAULT_OUTPUT = "ranks_out"
+MAX_UNJUDGED_LINES = 8  # rank folders whose unjudged records get a line; the rest are counted
 
 
 @dataclass
@@ -66,11 +67,20 @@ class CheckResult:
     table: Optional[str] = None
     heatmaps: List[str] = field(default_factory=list)
     heatmap_note: str = ""  # why there are none although there was data to draw (no matplotlib)
+    unjudged: List[Dict[str, Any]] = field(default_factory=list)  # per summary with records it cannot judge
 
     @property
     def lines(self) -> List[str]:
-        return [step_line(r, self.missing.get((r.step, r.group), ()), self.group_labels.get(r.group))
-                for r in self.results]
+        lines = [step_line(r, self.missing.get((r.step, r.group), ()), self.group_labels.get(r.group))
+                 for r in self.results]
+        for item in self.unjudged[:MAX_UNJUDGED_LINES]:
+            more = item["count"] - len(item["first"])
+            lines.append(f"step {'-' if item['step'] is None else item['step']} rank {item['rank']}: "
+                         f"{item['count']} records not judged (their statistics or shape cannot be read): "
+                         f"{'; '.join(item['first'])}{f' and {more} more' if more > 0 else ''}")
+        if len(self.unjudged) > MAX_UNJUDGED_LINES:
+            lines.append(f"records not judged in {len(self.unjudged) - MAX_UNJUDGED_LINES} more rank folders")
+        return lines
 
     @property
     def diverged(self) -> bool:
@@ -217,6 +227,9 @@ def _fold(request: CheckRequest, result: CheckResult, checks: ReplicaChecks) -> 
     try:
         for summary in _sources(request):
             result.summaries += 1
+            if summary.unjudged:
+                result.unjudged.append({"step": summary.step, "rank": summary.rank, "count": summary.unjudged,
+                                        "first": summary.unjudged_first})
             if writer is not None:
                 writer.write(summary)
             if request.check:

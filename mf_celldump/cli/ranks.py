@@ -116,4 +116,4 @@ def to_json(result: CheckResult, code: int) -> dict:
         })
     return {"summaries": result.summaries, "replicas": result.request.replicas.describe(), "steps": steps,
             "lines": result.lines, "table": result.table, "heatmaps": result.heatmaps,
-            "heatmap_note": result.heatmap_note, "exit_code": code}
+            "heatmap_note": result.heatmap_note, "unjudged": result.unjudged, "exit_code": code}

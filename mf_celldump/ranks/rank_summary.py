@@ -11,7 +11,10 @@ msprobe's layout by reading the file (``summarize``). A summary holds, in execut
 * ``grad`` items: the same for each weight gradient (``parameters_grad``), with its size;
 * ``act`` items: the size (log10 of Norm and of the largest magnitude) of every output of a
   forward call and every gradient of a backward call;
-* the first NaN/Inf, per rank, in execution order (the innermost cell, as ``anomalies``).
+* the first NaN/Inf, per rank, in execution order (the innermost cell, as ``anomalies``);
+* how many records could not be judged (a statistic that is no number, a shape that is no list
+  of whole numbers: ``stat_records.record_problem``), with the first few named, so the rank
+  check says so rather than pass them in silence.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from mf_celldump.layout.naming import (
 )
 from mf_celldump.layout.reader import DumpJson
 from mf_celldump.layout.slots import is_tensor, tensor_slots
-from mf_celldump.layout.stat_records import slot_anomaly
+from mf_celldump.layout.stat_records import record_problem, slot_anomaly
 from mf_celldump.statistics import record_number
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ LOG_FLOOR = -30.0  # log10 of a zero size
 # crosses zero from batch to batch, and its log varies across replicas by orders of magnitude.
 MIN_SIZED_ELEMENTS = 16
 _DIGEST_KEYS = ("dtype", "shape", "Max", "Min", "Mean", "Norm", "md5")
+SHOWN_UNJUDGED = 3  # records not judged named per summary; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,15 @@ class RankSummary:
     items: List[Item] = field(default_factory=list)
     anomaly: Optional[Anomaly] = None
     entries: int = 0
+    unjudged: int = 0  # records whose statistics or shape cannot be read
+    unjudged_first: List[str] = field(default_factory=list)  # ``entry slot: problem``, the first few
+
+    def note_unjudged(self, name: str, slot: str, record: Dict[str, Any]) -> None:
+        problem = record_problem(record)
+        if problem:
+            self.unjudged += 1
+            if len(self.unjudged_first) < SHOWN_UNJUDGED:
+                self.unjudged_first.append(f"{name} {slot}: {problem}")
 
     def to_json(self) -> Dict[str, Any]:
         return {
@@ -99,6 +112,7 @@ class RankSummary:
             "entries": self.entries,
             "items": [[i.cell, i.label, i.kind, i.digest, i.log_norm, i.log_max] for i in self.items],
             "anomaly": None if self.anomaly is None else vars(self.anomaly),
+            "unjudged": [self.unjudged, self.unjudged_first],
         }
 
     def to_bytes(self) -> bytes:
@@ -114,12 +128,15 @@ def from_json(data: Any, source: str = "summary") -> RankSummary:
         items = [_item(row) for row in data["items"]]
         anomaly = data.get("anomaly")
         step = data.get("step")
+        unjudged, unjudged_first = data.get("unjudged") or (0, [])  # absent from summaries written before it
         return RankSummary(
             None if step is None else int(step),
             int(data["rank"]),
             items,
             None if anomaly is None else Anomaly(**anomaly),
             int(data.get("entries") or 0),
+            int(unjudged),
+            [str(text) for text in unjudged_first][:SHOWN_UNJUDGED],
         )
     except (KeyError, TypeError, ValueError) as err:
         raise SummaryError(f"{source}: malformed rank summary: {err}") from None
@@ -166,9 +183,11 @@ def summarize_entries(entries: Iterable[Tuple[str, Dict[str, Any]]], step: Optio
         if parsed is None:
             grads = parse_parameters_grad_name(name)
             if grads is not None:
-                backward.extend((pos, item) for item in _grad_items(grads.cell, body))
+                backward.extend((pos, item) for item in _grad_items(grads.cell, body, summary, name))
             continue
         slots = list(tensor_slots(parsed.direction, body, parameters=True))
+        for slot, record in slots:
+            summary.note_unjudged(name, slot, record)
         first.add_slots(pos, name, parsed.cell, parsed.direction, slots)
         target = forward if parsed.direction == FORWARD else backward
         weights = parsed.direction == FORWARD and parsed.cell not in seen_weights
@@ -185,12 +204,13 @@ def summarize_entries(entries: Iterable[Tuple[str, Dict[str, Any]]], step: Optio
     return summary
 
 
-def _grad_items(cell: str, body: Dict[str, Any]) -> Iterator[Item]:
+def _grad_items(cell: str, body: Dict[str, Any], summary: RankSummary, entry: str) -> Iterator[Item]:
     for name, value in body.items():
         records = value if isinstance(value, list) else [value]
         for index, record in enumerate(records):
             if is_tensor(record):
                 label = f"grad.{name}" if len(records) == 1 else f"grad.{name}.{index}"
+                summary.note_unjudged(entry, label, record)
                 yield _size_item(cell, label, GRAD, record, record_digest(record))
 
 
