@@ -26,7 +26,8 @@ campaign = sys.modules.setdefault("fault_campaign", importlib.util.module_from_s
 if not hasattr(campaign, "KINDS"):  # its dataclasses look their module up in sys.modules
     _spec.loader.exec_module(campaign)
 
-# What compare answers today where the expected answer is not given (strict: the mark goes once it is).
+# What compare answered when the expected answer was not given: such a case is an expected failure that shows
+# today's answer, and fails once the answer is right, so its line goes.
 WRONG_TODAY = {
     ("llama", "softmax_scale"): "names attention.wo (its input differs), not the attention that scales its scores",
     ("qwen3", "weight_decay"): "names core_attention's backward at step 1: no forward cell, no 'update of step 0'",
@@ -42,9 +43,7 @@ CASES = [(model, kind) for model, kinds in campaign.SAMPLE.items() for kind in k
 
 
 def _case(model, kind):
-    reason = WRONG_TODAY.get((model, kind))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(model, kind, marks=marks, id=f"{model}-{kind}")
+    return pytest.param(model, kind, id=f"{model}-{kind}")
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +72,10 @@ def test_each_sample_fault_gets_its_expected_answer(sample, model, kind):
     fault = record["fault"]
     expected = (fault["expect_cells"][:3], fault["expect_step"], fault["expect_direction"], fault["expect_words"])
     answered = (record.get("cell"), record.get("step"), record.get("direction"), record.get("headline"))
+    known = WRONG_TODAY.get((model, kind))
+    if known and record["outcome"] != "right":  # a known wrong answer, shown as compare gives it now
+        pytest.xfail(f"{known}; answered {record['outcome']}: {answered[:3]} {str(answered[3])[:300]}")
+    assert not known, f"now answered right: take ({model!r}, {kind!r}) out of WRONG_TODAY"
     assert record["outcome"] == "right", (fault["target"], fault["magnitude"], expected, answered,
                                           record.get("wrong_in"), record.get("error"))
 
