@@ -156,6 +156,7 @@ def test_files_of_yours_in_an_output_folder_are_never_deleted_with_it(tmp_path):
     open(notes, "w").close()
     writer = builder.step(0)
     writer.tensor(0, fmt.FORWARD, fmt.SLOT_ARG, (3,), np.ones(2, np.float32))
+    writer.done(0)
     report = process_dump(dump, jobs=1)
     assert [o.status for o in report.outcomes] == ["failed"]
     assert "holds files mf_celldump did not write (NOTES.txt)" in report.all_problems[0]

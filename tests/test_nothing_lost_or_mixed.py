@@ -239,7 +239,8 @@ def _raising_run(tmp_path, mode, cut):
     script = tmp_path / "raising_run.py"
     script.write_text(RAISING_RUN)
     dump = tmp_path / "dump"
-    proc = subprocess.run([sys.executable, str(script), mode, str(dump), cut], cwd=REPO, timeout=600,
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(script), mode, str(dump), cut], cwd=REPO, timeout=600, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     assert proc.returncode == 1 and "RuntimeError: the data pipeline failed" in proc.stdout, proc.stdout[-4000:]
     return proc.stdout, str(dump)

@@ -176,6 +176,7 @@ def test_real_tensordump_file_names_are_parsed(tmp_path):
     names = sorted(os.listdir(step_dir))
     assert len(names) == 6 and all(fmt.parse_raw_tensor_name(n) is not None for n in names), names
     assert any("_bfloat16_" in n for n in names)
+    b.step(0).done(0)  # the capture's completion marker: without it the step is incomplete
     report = process_dump(dump, jobs=1)
     assert report.ok and report.files == 6, report.summary()
     data = read_output(dump, 0)["dump"]["data"]
