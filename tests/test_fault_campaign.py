@@ -33,7 +33,7 @@ WRONG_TODAY = {
     ("qwen3", "weight_decay"): "names core_attention's backward at step 1: no forward cell, no 'update of step 0'",
     ("qwen3", "dtype_cell"): "names the float16 norm's backward: its forward stays within the float32 bound",
     ("deepseek3", "router_topk"): "names the experts after the router (the router's outputs change shape)",
-    ("deepseek3", "dtype_model"): "names the router's backward: no forward cell, no word of the dtype",
+    ("deepseek3", "dtype_model"): "says DTYPE CHANGES first, then names core_attention's backward, no forward cell",
     ("deepseek3", "softmax_scale"): "names core_attention's backward: its forward stays within the bound",
 }
 CASES = [(model, kind) for model, kinds in campaign.SAMPLE.items() for kind in kinds]
